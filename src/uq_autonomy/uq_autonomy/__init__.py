@@ -1,0 +1,1 @@
+"""Shared autonomy from perception uncertainty: arbitration and ask-for-help."""

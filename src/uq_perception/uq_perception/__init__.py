@@ -1,0 +1,1 @@
+"""Uncertainty-gated perception: NTK-GP engine, detector, backends and the detector node."""

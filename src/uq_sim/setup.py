@@ -1,0 +1,25 @@
+from setuptools import find_packages, setup
+
+PACKAGE = 'uq_sim'
+
+setup(
+    name=PACKAGE,
+    version='0.1.0',
+    packages=find_packages(exclude=['test']),
+    data_files=[
+        ('share/ament_index/resource_index/packages', [f'resource/{PACKAGE}']),
+        (f'share/{PACKAGE}', ['package.xml']),
+    ],
+    install_requires=['setuptools'],
+    zip_safe=True,
+    maintainer='UQ Autonomy Team',
+    maintainer_email='team@uq-autonomy.dev',
+    description='MuJoCo tabletop scenes, synthetic datasets, sim camera node.',
+    license='Apache-2.0',
+    entry_points={
+        'console_scripts': [
+        ],
+        'uq.commands': [
+        ],
+    },
+)

@@ -1,0 +1,1 @@
+"""Simulated tabletop world (MuJoCo), synthetic datasets and the sim camera node."""
