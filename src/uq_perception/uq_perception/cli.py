@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Sequence
 from importlib.metadata import EntryPoint, entry_points
-from typing import Callable, Sequence
 
 ENTRY_POINT_GROUP = 'uq.commands'
 
