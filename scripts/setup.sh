@@ -17,9 +17,9 @@ log() { printf '[setup] %s\n' "$*"; }
 
 stamp_of() { cat "$@" | sha256sum | cut -d' ' -f1; }
 
-# 1. EGL/Mesa for MuJoCo's offscreen renderer.
+# 1. EGL/Mesa for MuJoCo's offscreen renderer; xmllint for the package.xml checks.
 missing=()
-for pkg in libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6; do
+for pkg in libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6 libxml2-utils; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
