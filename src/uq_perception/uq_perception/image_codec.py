@@ -1,0 +1,118 @@
+"""Convert raw ``sensor_msgs/Image`` fields to RGB arrays and back, with numpy (ROS-free).
+
+There is no cv_bridge from PyPI, and a perception node must never crash or process
+garbage on a malformed frame, so every field is checked before the buffer is
+reinterpreted: encoding, ``step`` against ``width`` times the pixel size, buffer length
+against ``height * step``, empty and oversized frames, and non-finite values in float
+images. Each violation raises :class:`ImageFormatError` whose message names it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+
+
+class Encoding(str, Enum):
+    """Image encodings the detector accepts (names as in sensor_msgs/image_encodings)."""
+
+    RGB8 = 'rgb8'
+    BGR8 = 'bgr8'
+    RGBA8 = 'rgba8'
+    BGRA8 = 'bgra8'
+    MONO8 = 'mono8'
+    # Float intensity images in [0, 1] (e.g. from simulators); NaN/inf are rejected.
+    TYPE_32FC1 = '32FC1'
+    TYPE_32FC3 = '32FC3'
+
+
+@dataclass(frozen=True)
+class _Layout:
+    channels: int
+    dtype: np.dtype
+    # Index order that turns the stored channels into RGB.
+    to_rgb: tuple[int, ...]
+
+
+_LAYOUTS = {
+    Encoding.RGB8: _Layout(3, np.dtype(np.uint8), (0, 1, 2)),
+    Encoding.BGR8: _Layout(3, np.dtype(np.uint8), (2, 1, 0)),
+    Encoding.RGBA8: _Layout(4, np.dtype(np.uint8), (0, 1, 2)),
+    Encoding.BGRA8: _Layout(4, np.dtype(np.uint8), (2, 1, 0)),
+    Encoding.MONO8: _Layout(1, np.dtype(np.uint8), (0, 0, 0)),
+    Encoding.TYPE_32FC1: _Layout(1, np.dtype(np.float32), (0, 0, 0)),
+    Encoding.TYPE_32FC3: _Layout(3, np.dtype(np.float32), (0, 1, 2)),
+}
+
+SUPPORTED_ENCODINGS = tuple(e.value for e in Encoding)
+
+
+class ImageFormatError(ValueError):
+    """A raw image that cannot be interpreted; the message says which check failed."""
+
+
+def image_to_rgb(height: int, width: int, encoding: str, step: int, data: bytes | memoryview,
+                 is_bigendian: bool = False, max_pixels: int = 4096 * 4096) -> np.ndarray:
+    """Interpret the fields of a ``sensor_msgs/Image`` as an ``(H, W, 3)`` uint8 RGB array.
+
+    Parameters
+    ----------
+    height, width, encoding, step, data, is_bigendian
+        The message fields. Rows may be padded (``step`` larger than ``width`` times the
+        pixel size); padding is skipped.
+    max_pixels
+        Frames larger than this are rejected before any copy is made (a corrupt header
+        must not make the node allocate gigabytes).
+
+    Returns
+    -------
+    np.ndarray
+        A new contiguous ``(height, width, 3)`` uint8 array. Float images are scaled from
+        ``[0, 1]`` to ``[0, 255]`` (clipped).
+
+    Raises
+    ------
+    ImageFormatError
+        On an unsupported encoding, an empty or oversized frame, a ``step`` smaller than a
+        row, a buffer whose size is not ``height * step``, or non-finite float pixels.
+    """
+    try:
+        layout = _LAYOUTS[Encoding(encoding)]
+    except ValueError:
+        raise ImageFormatError(
+            f'unsupported encoding {encoding!r}; supported: {", ".join(SUPPORTED_ENCODINGS)}'
+        ) from None
+    if height <= 0 or width <= 0:
+        raise ImageFormatError(f'empty image {width}x{height}')
+    if height * width > max_pixels:
+        raise ImageFormatError(
+            f'image {width}x{height} exceeds the maximum of {max_pixels} pixels')
+    row_bytes = width * layout.channels * layout.dtype.itemsize
+    if step < row_bytes:
+        raise ImageFormatError(
+            f'step {step} is smaller than width x pixel size = {width} x '
+            f'{layout.channels * layout.dtype.itemsize} = {row_bytes} bytes')
+    if len(data) != height * step:
+        raise ImageFormatError(
+            f'data has {len(data)} bytes but height x step = {height} x {step} = '
+            f'{height * step}')
+    dtype = layout.dtype.newbyteorder('>' if is_bigendian else '<')
+    rows = np.frombuffer(data, dtype=np.uint8).reshape(height, step)[:, :row_bytes]
+    pixels = np.ascontiguousarray(rows).view(dtype).reshape(height, width, layout.channels)
+    if layout.dtype.kind == 'f':
+        if not np.isfinite(pixels).all():
+            bad = int((~np.isfinite(pixels)).sum())
+            raise ImageFormatError(f'float image has {bad} non-finite (NaN/inf) values')
+        pixels = np.clip(pixels.astype(np.float32) * 255.0 + 0.5, 0, 255).astype(np.uint8)
+    return np.ascontiguousarray(pixels[:, :, list(layout.to_rgb)])
+
+
+def rgb_to_image_fields(rgb: np.ndarray) -> dict:
+    """Fields of an ``rgb8`` ``sensor_msgs/Image`` holding ``rgb`` (H, W, 3) uint8."""
+    if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8:
+        raise ValueError(f'expected an (H, W, 3) uint8 array, got {rgb.shape} {rgb.dtype}')
+    height, width = rgb.shape[:2]
+    return {'height': height, 'width': width, 'encoding': Encoding.RGB8.value,
+            'is_bigendian': 0, 'step': width * 3, 'data': np.ascontiguousarray(rgb).tobytes()}

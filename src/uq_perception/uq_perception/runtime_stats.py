@@ -1,0 +1,52 @@
+"""Rolling runtime statistics for diagnostics: rates, latency percentiles, counters."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+
+class RollingStats:
+    """Latency samples and event times over a sliding window.
+
+    Parameters
+    ----------
+    window : int
+        Number of most recent samples kept for percentiles.
+    rate_window_s : float
+        Time span over which the input rate is computed.
+    """
+
+    def __init__(self, window: int = 300, rate_window_s: float = 5.0) -> None:
+        self._latencies_ms: deque[float] = deque(maxlen=window)
+        self._arrivals: deque[float] = deque()
+        self._rate_window_s = rate_window_s
+        self.counters: dict[str, int] = {}
+
+    def record_arrival(self, now_s: float) -> None:
+        """Note one input at monotonic time ``now_s`` (seconds)."""
+        self._arrivals.append(now_s)
+        while self._arrivals and now_s - self._arrivals[0] > self._rate_window_s:
+            self._arrivals.popleft()
+
+    def record_latency(self, latency_ms: float) -> None:
+        self._latencies_ms.append(latency_ms)
+
+    def increment(self, counter: str, by: int = 1) -> None:
+        self.counters[counter] = self.counters.get(counter, 0) + by
+
+    def rate_hz(self, now_s: float) -> float:
+        """Inputs per second over the rate window ending at ``now_s``."""
+        recent = [t for t in self._arrivals if now_s - t <= self._rate_window_s]
+        if len(recent) < 2:
+            return 0.0
+        span = max(now_s - recent[0], recent[-1] - recent[0])
+        return (len(recent) - 1) / span if span > 0 else 0.0
+
+    def latency_percentiles(self, *percentiles: float) -> list[float]:
+        """Latency percentiles in ms (NaN when there is no sample yet)."""
+        if not self._latencies_ms:
+            return [float('nan')] * len(percentiles)
+        values = np.percentile(np.fromiter(self._latencies_ms, dtype=float), percentiles)
+        return [float(v) for v in np.atleast_1d(values)]
