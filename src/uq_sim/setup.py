@@ -20,6 +20,8 @@ setup(
         'console_scripts': [
         ],
         'uq.commands': [
+            'sim.dataset = uq_sim.commands:configure_dataset',
+            'sim.preview = uq_sim.commands:configure_preview',
         ],
     },
 )

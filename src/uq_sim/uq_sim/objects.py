@@ -1,0 +1,453 @@
+"""Object library of the simulated tabletop (ROS-free, MuJoCo-free).
+
+Each object is a rigid set of geoms in its own body frame. Six **known** classes are used
+for training; **unknown** shapes are never used for training and serve to test whether the
+detector knows what it does not know. Procedural meshes (torus, cone, tetrahedron, star)
+are computed here from their dimensions.
+
+Category ids follow the dataset contract: known classes 1..6 in :data:`KNOWN_CLASSES`
+order, unknown classes 7.. in :data:`UNKNOWN_CLASSES` order.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from uq_sim.geometry import mat_to_quat, rot_x, rot_y, rot_z
+
+KNOWN_CLASSES: tuple[str, ...] = ('box', 'sphere', 'cylinder', 'capsule', 'ellipsoid', 'mug')
+UNKNOWN_CLASSES: tuple[str, ...] = ('torus', 'cone', 'tetrahedron', 'dumbbell', 'star')
+ALL_CLASSES: tuple[str, ...] = KNOWN_CLASSES + UNKNOWN_CLASSES
+
+
+def category_id(class_name: str) -> int:
+    """COCO category id of a class: known 1..6, unknown 7.. .
+
+    Raises
+    ------
+    ValueError
+        If the class is not in the library.
+    """
+    if class_name not in ALL_CLASSES:
+        raise ValueError(f'unknown object class {class_name!r}; expected one of {ALL_CLASSES}')
+    return ALL_CLASSES.index(class_name) + 1
+
+
+def class_index(class_name: str) -> int:
+    """Index of a class among :data:`KNOWN_CLASSES`, or -1 for an unknown class."""
+    return KNOWN_CLASSES.index(class_name) if class_name in KNOWN_CLASSES else -1
+
+
+def coco_categories() -> list[dict]:
+    """The ``categories`` list of the dataset's COCO files."""
+    return [{'id': category_id(name), 'name': name,
+             'supercategory': 'known' if name in KNOWN_CLASSES else 'unknown'}
+            for name in ALL_CLASSES]
+
+
+class GeomType(str, Enum):
+    """MuJoCo geom types used by the library."""
+
+    BOX = 'box'
+    SPHERE = 'sphere'
+    CYLINDER = 'cylinder'
+    CAPSULE = 'capsule'
+    ELLIPSOID = 'ellipsoid'
+    MESH = 'mesh'
+
+
+class TextureKind(str, Enum):
+    """Surface appearance of an object (MuJoCo builtin textures)."""
+
+    PLAIN = 'plain'
+    CHECKER = 'checker'
+    GRADIENT = 'gradient'
+
+
+class Finish(str, Enum):
+    """Which colour of the object a geom takes."""
+
+    MAIN = 'main'      # the object's (possibly textured) surface
+    DARK = 'dark'      # the dark inside of a mug
+    ACCENT = 'accent'  # a second plain colour (e.g. the bar of a dumbbell)
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A closed triangle mesh with outward (counter-clockwise) faces, body frame, metres."""
+
+    vertices: np.ndarray  # (V, 3) float
+    faces: np.ndarray     # (F, 3) int
+
+
+@dataclass(frozen=True)
+class GeomSpec:
+    """One geom of an object, in the object's body frame.
+
+    ``size`` follows MJCF: box half-sizes; sphere radius; cylinder/capsule radius and
+    half-length (along local z); ellipsoid semi-axes; unused for meshes.
+    """
+
+    type: GeomType
+    size: tuple[float, ...] = ()
+    pos: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    rot: np.ndarray = field(default_factory=lambda: np.eye(3))
+    mesh: Mesh | None = None
+    finish: Finish = Finish.MAIN
+
+    def extent_below(self, u: np.ndarray) -> float:
+        """Support of the geom (about its centre) in direction ``-u`` given in the geom frame.
+
+        ``u`` is the world's up axis expressed in this geom's frame; the value is how far
+        the geom reaches below its centre.
+        """
+        u = np.asarray(u, float)
+        if self.type is GeomType.SPHERE:
+            return self.size[0]
+        if self.type is GeomType.BOX:
+            return float(np.abs(u) @ np.asarray(self.size))
+        if self.type is GeomType.ELLIPSOID:
+            return float(np.linalg.norm(np.asarray(self.size) * u))
+        if self.type is GeomType.CAPSULE:
+            return self.size[1] * abs(u[2]) + self.size[0]
+        if self.type is GeomType.CYLINDER:
+            return self.size[1] * abs(u[2]) + self.size[0] * math.sqrt(max(0.0, 1.0 - u[2] ** 2))
+        assert self.mesh is not None
+        return float(np.max(-(self.mesh.vertices @ u)))
+
+    def bounding_radius(self) -> float:
+        """Radius of a sphere about the geom centre that contains the geom."""
+        if self.type is GeomType.SPHERE:
+            return self.size[0]
+        if self.type is GeomType.BOX:
+            return float(np.linalg.norm(self.size))
+        if self.type is GeomType.ELLIPSOID:
+            return max(self.size)
+        if self.type in (GeomType.CAPSULE, GeomType.CYLINDER):
+            return self.size[1] + self.size[0]
+        assert self.mesh is not None
+        return float(np.max(np.linalg.norm(self.mesh.vertices, axis=1)))
+
+
+@dataclass(frozen=True)
+class Appearance:
+    """Colours and texture of an object. Colours are RGB in [0, 1]."""
+
+    rgb: tuple[float, float, float]
+    texture: TextureKind = TextureKind.PLAIN
+    rgb2: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    accent: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    specular: float = 0.3
+    shininess: float = 0.3
+
+
+@dataclass(frozen=True)
+class ObjectSpec:
+    """One object instance on the table.
+
+    Attributes
+    ----------
+    name : str
+        Unique instance name in the scene (MJCF body name).
+    class_name : str
+        One of :data:`ALL_CLASSES`.
+    geoms : tuple[GeomSpec, ...]
+        Shape in the body frame.
+    rot : numpy.ndarray
+        Body orientation (3x3, world from body) when resting on the table.
+    xy : tuple[float, float]
+        Position on the table, metres; the height follows from :meth:`rest_height`.
+    appearance : Appearance
+        Colours and texture.
+    """
+
+    name: str
+    class_name: str
+    geoms: tuple[GeomSpec, ...]
+    rot: np.ndarray
+    xy: tuple[float, float]
+    appearance: Appearance
+
+    @property
+    def known(self) -> bool:
+        """True for the known (training) classes."""
+        return self.class_name in KNOWN_CLASSES
+
+    @property
+    def quat(self) -> np.ndarray:
+        """Body orientation as a quaternion (w, x, y, z)."""
+        return mat_to_quat(self.rot)
+
+    def rest_height(self, table_z: float = 0.0) -> float:
+        """Body-origin height at which the lowest point of the object touches the table."""
+        up = np.array([0.0, 0.0, 1.0])
+        lowest = math.inf
+        for g in self.geoms:
+            centre_z = float((self.rot @ np.asarray(g.pos))[2])
+            u_geom = (self.rot @ g.rot).T @ up
+            lowest = min(lowest, centre_z - g.extent_below(u_geom))
+        return table_z - lowest
+
+    def position(self, table_z: float = 0.0) -> np.ndarray:
+        """Body position resting on the table at :attr:`xy`."""
+        return np.array([self.xy[0], self.xy[1], self.rest_height(table_z)])
+
+    def footprint_radius(self) -> float:
+        """Radius about the body origin (horizontal) that contains the object."""
+        return max(math.hypot(*(self.rot @ np.asarray(g.pos))[:2]) + g.bounding_radius()
+                   for g in self.geoms)
+
+    def top_height(self, table_z: float = 0.0) -> float:
+        """Height of the highest point of the object resting on the table."""
+        down = np.array([0.0, 0.0, -1.0])
+        z0 = self.rest_height(table_z)
+        return max(z0 + float((self.rot @ np.asarray(g.pos))[2])
+                   + g.extent_below((self.rot @ g.rot).T @ down) for g in self.geoms)
+
+
+# --------------------------------------------------------------------------- meshes
+
+
+def torus_mesh(major: float, minor: float, n_major: int = 32, n_minor: int = 16) -> Mesh:
+    """Torus about the z axis with tube radius ``minor`` around a circle of radius ``major``."""
+    if not 0.0 < minor < major:
+        raise ValueError(f'torus needs 0 < minor < major, got minor={minor}, major={major}')
+    a = np.linspace(0.0, 2 * math.pi, n_major, endpoint=False)
+    b = np.linspace(0.0, 2 * math.pi, n_minor, endpoint=False)
+    aa, bb = np.meshgrid(a, b, indexing='ij')
+    ring = major + minor * np.cos(bb)
+    verts = np.stack([ring * np.cos(aa), ring * np.sin(aa), minor * np.sin(bb)], axis=-1)
+    faces = []
+    for i in range(n_major):
+        for j in range(n_minor):
+            v00 = i * n_minor + j
+            v10 = ((i + 1) % n_major) * n_minor + j
+            v01 = i * n_minor + (j + 1) % n_minor
+            v11 = ((i + 1) % n_major) * n_minor + (j + 1) % n_minor
+            faces += [(v00, v10, v11), (v00, v11, v01)]
+    return Mesh(verts.reshape(-1, 3), np.asarray(faces, dtype=int))
+
+
+def cone_mesh(radius: float, height: float, n: int = 32) -> Mesh:
+    """Cone with its base disc (centre at the origin) in the z=0 plane and apex at +z."""
+    if radius <= 0.0 or height <= 0.0:
+        raise ValueError(f'cone needs positive radius and height, got {radius}, {height}')
+    a = np.linspace(0.0, 2 * math.pi, n, endpoint=False)
+    rim = np.stack([radius * np.cos(a), radius * np.sin(a), np.zeros(n)], axis=1)
+    verts = np.vstack([rim, [[0.0, 0.0, height], [0.0, 0.0, 0.0]]])
+    apex, centre = n, n + 1
+    faces = []
+    for i in range(n):
+        j = (i + 1) % n
+        faces += [(i, j, apex), (j, i, centre)]
+    return Mesh(verts, np.asarray(faces, dtype=int))
+
+
+def tetrahedron_mesh(edge: float, height_scale: float = 1.0) -> Mesh:
+    """Tetrahedron standing on an equilateral face in the z=0 plane, apex above its centre."""
+    if edge <= 0.0 or height_scale <= 0.0:
+        raise ValueError(f'tetrahedron needs positive edge and height scale, got {edge}, '
+                         f'{height_scale}')
+    r = edge / math.sqrt(3.0)
+    h = edge * math.sqrt(2.0 / 3.0) * height_scale
+    a = np.array([0.0, 2 * math.pi / 3, 4 * math.pi / 3])
+    base = np.stack([r * np.cos(a), r * np.sin(a), np.zeros(3)], axis=1)
+    verts = np.vstack([base, [[0.0, 0.0, h]]])
+    faces = np.array([(0, 2, 1), (0, 1, 3), (1, 2, 3), (2, 0, 3)])
+    return Mesh(verts, faces)
+
+
+def star_prism_mesh(outer: float, inner: float, thickness: float, points: int = 5) -> Mesh:
+    """Star-shaped prism (flat star) lying in the z=0 plane, extruded to ``thickness``."""
+    if not 0.0 < inner < outer or thickness <= 0.0 or points < 3:
+        raise ValueError('star prism needs 0 < inner < outer, thickness > 0, points >= 3')
+    k = 2 * points
+    ang = math.pi / 2 + np.arange(k) * math.pi / points
+    rad = np.where(np.arange(k) % 2 == 0, outer, inner)
+    outline = np.stack([rad * np.cos(ang), rad * np.sin(ang)], axis=1)
+    bottom = np.hstack([outline, np.zeros((k, 1))])
+    top = np.hstack([outline, np.full((k, 1), thickness)])
+    verts = np.vstack([bottom, top, [[0.0, 0.0, 0.0], [0.0, 0.0, thickness]]])
+    cb, ct = 2 * k, 2 * k + 1
+    faces = []
+    for i in range(k):
+        j = (i + 1) % k
+        faces += [(cb, j, i), (ct, k + i, k + j), (i, j, k + j), (i, k + j, k + i)]
+    return Mesh(verts, np.asarray(faces, dtype=int))
+
+
+def mesh_volume(mesh: Mesh) -> float:
+    """Signed volume of a closed mesh; positive when its faces point outwards."""
+    v = mesh.vertices[mesh.faces]
+    return float(np.einsum('ij,ij->i', v[:, 0], np.cross(v[:, 1], v[:, 2])).sum() / 6.0)
+
+
+# ------------------------------------------------------------------ shape builders
+
+
+def _capsule_between(p0: np.ndarray, p1: np.ndarray, radius: float,
+                     finish: Finish = Finish.MAIN) -> GeomSpec:
+    """Capsule geom from ``p0`` to ``p1`` (body frame)."""
+    p0, p1 = np.asarray(p0, float), np.asarray(p1, float)
+    axis = p1 - p0
+    length = float(np.linalg.norm(axis))
+    z = axis / length
+    helper = np.array([1.0, 0.0, 0.0]) if abs(z[0]) < 0.9 else np.array([0.0, 1.0, 0.0])
+    x = np.cross(helper, z)
+    x /= np.linalg.norm(x)
+    rot = np.stack([x, np.cross(z, x), z], axis=1)
+    return GeomSpec(GeomType.CAPSULE, (radius, length / 2), tuple((p0 + p1) / 2), rot,
+                    finish=finish)
+
+
+def _u(rng: np.random.Generator, lo: float, hi: float) -> float:
+    return float(rng.uniform(lo, hi))
+
+
+def _shape(class_name: str, rng: np.random.Generator) -> tuple[tuple[GeomSpec, ...], np.ndarray]:
+    """Sample the geoms and resting orientation (before yaw) of one instance of a class.
+
+    Size ranges are chosen so objects span roughly 20-90 pixels at 320x240 from the
+    default camera: a small CNN on a CPU can learn them, and sizes overlap across classes
+    so that size alone does not reveal the class.
+    """
+    lying = rot_y(math.pi / 2)  # turns the local z axis horizontal
+    if class_name == 'box':
+        size = tuple(_u(rng, 0.022, 0.06) for _ in range(3))
+        return (GeomSpec(GeomType.BOX, size),), np.eye(3)
+    if class_name == 'sphere':
+        return (GeomSpec(GeomType.SPHERE, (_u(rng, 0.028, 0.055),)),), np.eye(3)
+    if class_name == 'cylinder':
+        geom = GeomSpec(GeomType.CYLINDER, (_u(rng, 0.024, 0.048), _u(rng, 0.03, 0.07)))
+        return (geom,), (np.eye(3) if rng.random() < 0.6 else lying)
+    if class_name == 'capsule':
+        geom = GeomSpec(GeomType.CAPSULE, (_u(rng, 0.018, 0.034), _u(rng, 0.03, 0.065)))
+        return (geom,), (np.eye(3) if rng.random() < 0.35 else lying)
+    if class_name == 'ellipsoid':
+        a, b, c = _u(rng, 0.05, 0.08), _u(rng, 0.026, 0.042), _u(rng, 0.02, 0.032)
+        # Sometimes stood on its side so it is not always a flat lens.
+        rot = np.eye(3) if rng.random() < 0.7 else rot_x(math.pi / 2)
+        return (GeomSpec(GeomType.ELLIPSOID, (a, b, c)),), rot
+    if class_name == 'mug':
+        r, h = _u(rng, 0.03, 0.045), _u(rng, 0.035, 0.055)
+        t = _u(rng, 0.005, 0.008)
+        reach = r + _u(rng, 0.018, 0.03)
+        top, bottom = 0.55 * h, -0.45 * h
+        geoms = (
+            GeomSpec(GeomType.CYLINDER, (r, h)),
+            # A dark disc just above the rim reads as the mug's opening from above.
+            GeomSpec(GeomType.CYLINDER, (0.86 * r, 0.0012), (0.0, 0.0, h), finish=Finish.DARK),
+            _capsule_between(np.array([0.8 * r, 0, top]), np.array([reach, 0, top]), t),
+            _capsule_between(np.array([reach, 0, top]), np.array([reach, 0, bottom]), t),
+            _capsule_between(np.array([reach, 0, bottom]), np.array([0.8 * r, 0, bottom]), t),
+        )
+        return geoms, np.eye(3)
+    if class_name == 'torus':
+        major = _u(rng, 0.034, 0.055)
+        mesh = torus_mesh(major, _u(rng, 0.28, 0.42) * major)
+        return (GeomSpec(GeomType.MESH, mesh=mesh),), rot_x(_u(rng, 0.0, math.radians(30)))
+    if class_name == 'cone':
+        radius, height = _u(rng, 0.03, 0.05), _u(rng, 0.07, 0.12)
+        mesh = cone_mesh(radius, height)
+        if rng.random() < 0.7:
+            return (GeomSpec(GeomType.MESH, mesh=mesh),), np.eye(3)
+        # Lying on its side: tilt until one generator line is horizontal.
+        tilt = math.pi / 2 - math.atan(radius / height)
+        return (GeomSpec(GeomType.MESH, mesh=mesh),), rot_x(tilt)
+    if class_name == 'tetrahedron':
+        mesh = tetrahedron_mesh(_u(rng, 0.075, 0.12), _u(rng, 0.8, 1.2))
+        return (GeomSpec(GeomType.MESH, mesh=mesh),), np.eye(3)
+    if class_name == 'dumbbell':
+        r, d = _u(rng, 0.02, 0.03), _u(rng, 0.04, 0.065)
+        bar = GeomSpec(GeomType.CYLINDER, (_u(rng, 0.006, 0.01), d), rot=rot_y(math.pi / 2),
+                       finish=Finish.ACCENT)
+        geoms = (GeomSpec(GeomType.SPHERE, (r,), (-d, 0.0, 0.0)),
+                 GeomSpec(GeomType.SPHERE, (r,), (d, 0.0, 0.0)), bar)
+        return geoms, np.eye(3)
+    if class_name == 'star':
+        outer = _u(rng, 0.045, 0.065)
+        mesh = star_prism_mesh(outer, _u(rng, 0.4, 0.5) * outer, _u(rng, 0.015, 0.03))
+        return (GeomSpec(GeomType.MESH, mesh=mesh),), np.eye(3)
+    raise ValueError(f'unknown object class {class_name!r}; expected one of {ALL_CLASSES}')
+
+
+def random_rgb(rng: np.random.Generator) -> tuple[float, float, float]:
+    """A random colour from the whole hue circle, including near-greys and dark shades.
+
+    The same distribution serves every class, so colour never reveals the class.
+    """
+    sat = 0.0 if rng.random() < 0.1 else _u(rng, 0.25, 1.0)
+    r, g, b = colorsys.hsv_to_rgb(_u(rng, 0.0, 1.0), sat, _u(rng, 0.25, 1.0))
+    return (r, g, b)
+
+
+def random_appearance(rng: np.random.Generator) -> Appearance:
+    """Sample colours, texture and surface finish (identical distribution for all classes)."""
+    rgb = random_rgb(rng)
+    draw = rng.random()
+    texture = (TextureKind.PLAIN if draw < 0.5 else
+               TextureKind.CHECKER if draw < 0.75 else TextureKind.GRADIENT)
+    rgb2 = random_rgb(rng) if rng.random() < 0.5 else tuple(
+        float(np.clip(c * _u(rng, 0.3, 0.7), 0.0, 1.0)) for c in rgb)
+    return Appearance(rgb=rgb, texture=texture, rgb2=rgb2, accent=random_rgb(rng),
+                      specular=_u(rng, 0.0, 0.6), shininess=_u(rng, 0.05, 0.8))
+
+
+def make_object(name: str, class_name: str, xy: tuple[float, float], rng: np.random.Generator,
+                yaw: float | None = None, appearance: Appearance | None = None) -> ObjectSpec:
+    """Sample one object instance of ``class_name`` placed at ``xy`` on the table.
+
+    Parameters
+    ----------
+    name : str
+        Unique instance name.
+    class_name : str
+        One of :data:`ALL_CLASSES`.
+    xy : tuple of float
+        Table position, metres.
+    rng : numpy.random.Generator
+        Source of the random size, resting pose, yaw and appearance.
+    yaw : float, optional
+        Rotation about the vertical, radians (random when omitted).
+    appearance : Appearance, optional
+        Colours and texture (random when omitted).
+
+    Raises
+    ------
+    ValueError
+        If ``class_name`` is not in the library.
+    """
+    geoms, rest = _shape(class_name, rng)
+    yaw = _u(rng, 0.0, 2 * math.pi) if yaw is None else yaw
+    appearance = random_appearance(rng) if appearance is None else appearance
+    return ObjectSpec(name=name, class_name=class_name, geoms=geoms, rot=rot_z(yaw) @ rest,
+                      xy=(float(xy[0]), float(xy[1])), appearance=appearance)
+
+
+@dataclass(frozen=True)
+class DistractorSpec:
+    """A flat clutter item on the table (paper, coaster, plate); never annotated."""
+
+    name: str
+    shape: GeomType  # BOX or CYLINDER
+    size: tuple[float, ...]
+    xy: tuple[float, float]
+    yaw: float
+    appearance: Appearance
+
+
+def make_distractor(name: str, xy: tuple[float, float], rng: np.random.Generator
+                    ) -> DistractorSpec:
+    """Sample a flat clutter item (2-6 mm thick) at ``xy``."""
+    thick = _u(rng, 0.001, 0.003)
+    if rng.random() < 0.6:
+        shape, size = GeomType.BOX, (_u(rng, 0.03, 0.09), _u(rng, 0.02, 0.06), thick)
+    else:
+        shape, size = GeomType.CYLINDER, (_u(rng, 0.03, 0.07), thick)
+    return DistractorSpec(name, shape, size, (float(xy[0]), float(xy[1])),
+                          _u(rng, 0.0, 2 * math.pi), random_appearance(rng))
