@@ -1,0 +1,271 @@
+"""Example-based tests of the ROS-free arbiter: frame checks, driving-detection selection,
+hysteresis, fail-safe, override, configuration and the parameter table."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from uq_autonomy.arbiter import (
+    Arbiter,
+    ArbiterConfig,
+    DetectionSummary,
+    DrivingDetection,
+    Level,
+    Thresholds,
+    UncertaintySignal,
+    assess_frame,
+)
+from uq_autonomy.arbitration_params import (
+    PARAMETERS,
+    config_from_values,
+    default_values,
+    load_parameters_file,
+)
+from uq_autonomy.latency import LatencyWindow, latency_summary_ms
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def det(gp: float = 0.1, mi: float = 0.01, *, cls: str = 'cup', index: int = 0, track: int = -1,
+        x: float = 320.0, y: float = 240.0, w: float = 20.0, h: float = 20.0,
+        probs: int = 2) -> DetectionSummary:
+    return DetectionSummary(cls, index, track, x, y, w, h, gp, mi, probs)
+
+
+# -- frame checks and selection -----------------------------------------------------------
+
+def test_highest_uncertainty_drives_by_default():
+    p = assess_frame([det(0.2), det(1.5), det(0.7)], 2, ArbiterConfig())
+    assert p.usable and p.index == 1 and p.uncertainty == pytest.approx(1.5)
+
+
+def test_mutual_information_signal_reads_the_other_field():
+    cfg = ArbiterConfig(uncertainty_signal='mutual_information')
+    p = assess_frame([det(5.0, 0.02), det(0.1, 0.4)], 2, cfg)
+    assert p.index == 1 and p.uncertainty == pytest.approx(0.4)
+
+
+def test_target_class_takes_the_most_uncertain_of_that_class():
+    cfg = ArbiterConfig(driving_detection=DrivingDetection.TARGET_CLASS, target_class='box')
+    frame = [det(3.0, cls='cup'), det(0.3, cls='box', index=1), det(0.6, cls='box', index=1)]
+    p = assess_frame(frame, 2, cfg)
+    assert p.usable and p.index == 2
+    missing = assess_frame([det(0.1, cls='cup')], 2, cfg)
+    assert not missing.usable and "'box' not detected" in missing.reason
+
+
+def test_track_id_selection():
+    cfg = ArbiterConfig(driving_detection='track_id', target_track_id=7)
+    p = assess_frame([det(3.0, track=1), det(0.4, track=7)], 2, cfg)
+    assert p.usable and p.index == 1
+    assert not assess_frame([det(0.4, track=1)], 2, cfg).usable
+
+
+def test_nearest_center_selection():
+    cfg = ArbiterConfig(driving_detection='nearest_center', image_width=200, image_height=100)
+    frame = [det(3.0, x=10.0, y=10.0), det(0.4, x=110.0, y=45.0), det(0.9, x=150.0, y=90.0)]
+    p = assess_frame(frame, 2, cfg)
+    assert p.index == 1 and p.uncertainty == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize(('frame', 'n_classes', 'needle'), [
+    ([], 2, 'empty'),
+    ([det(math.nan)], 2, 'non-finite gp_variance'),
+    ([det(0.1), det(math.inf)], 2, 'non-finite gp_variance'),
+    ([det(-0.5)], 2, 'negative gp_variance'),
+    ([det(0.1, w=-1.0)], 2, 'negative box size'),
+    ([det(0.1, x=math.nan)], 2, 'non-finite box'),
+    ([det(0.1, index=5)], 2, 'class_index 5'),
+    ([det(0.1, probs=3)], 2, '3 class probabilities'),
+])
+def test_broken_frames_are_unusable_with_a_reason(frame, n_classes, needle):
+    p = assess_frame(frame, n_classes, ArbiterConfig())
+    assert not p.usable and needle in p.reason and math.isnan(p.uncertainty)
+
+
+def test_rounding_below_zero_is_tolerated():
+    p = assess_frame([det(-1e-9)], 2, ArbiterConfig())
+    assert p.usable and p.uncertainty == 0.0
+
+
+# -- configuration ------------------------------------------------------------------------
+
+@pytest.mark.parametrize(('up', 'down', 'needle'), [
+    ((1.0, 0.5), (2.0, 1.0, 0.5), 'need 3 values'),
+    ((0.5, 1.0, 0.25), (2.0, 1.5, 0.5), 'strictly decrease'),
+    ((1.0, 0.5, 0.25), (2.0, 0.4, 0.3), 'down[1] > up[1]'),
+    ((1.0, 0.5, -0.1), (2.0, 1.0, 0.5), 'finite and >= 0'),
+    ((1.0, 0.5, 0.25), (2.0, 1.0, math.nan), 'finite and >= 0'),
+])
+def test_invalid_thresholds_are_refused(up, down, needle):
+    with pytest.raises(ValueError, match=needle.replace('[', r'\[').replace(']', r'\]')):
+        Thresholds(up=up, down=down)
+
+
+@pytest.mark.parametrize(('kwargs', 'needle'), [
+    ({'uncertainty_signal': 'entropy'}, 'uncertainty_signal must be one of'),
+    ({'driving_detection': 'biggest'}, 'driving_detection must be one of'),
+    ({'driving_detection': 'target_class'}, 'non-empty target_class'),
+    ({'driving_detection': 'track_id'}, 'target_track_id >= 0'),
+    ({'perception_deadline_s': 0.0}, 'perception_deadline_s'),
+    ({'min_dwell_s': math.inf}, 'min_dwell_s'),
+    ({'blend_alpha_min': 0.9, 'blend_alpha_max': 0.5}, 'blend_alpha_min <= blend_alpha_max'),
+])
+def test_invalid_config_is_refused(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        ArbiterConfig(**kwargs)
+
+
+def test_shipped_yaml_declares_every_parameter_and_is_valid():
+    values = load_parameters_file(REPO / 'config' / 'arbitration.yaml')
+    assert set(values) == {spec.name for spec in PARAMETERS}
+    assert config_from_values(values) == config_from_values(default_values())
+
+
+@pytest.mark.parametrize(('name', 'value', 'needle'), [
+    ('thresholds.gp_variance.up', [0.2, 0.5, 0.1], 'thresholds.gp_variance: up thresholds'),
+    ('thresholds.mutual_information.down', [0.5, 0.1, 0.05], 'down[1] > up[1]'),
+    ('min_dwell_s', 1, 'min_dwell_s must be a float'),
+    ('perception_deadline_s', 0.01, 'perception_deadline_s must be >= decision_period_s'),
+    ('operator_deadband', -0.1, 'operator_deadband must be >= 0'),
+    ('uncertainty_signal', 'variance', 'uncertainty_signal must be one of'),
+])
+def test_parameter_values_are_validated(name, value, needle):
+    values = default_values()
+    values[name] = value
+    with pytest.raises(ValueError, match=needle.replace('[', r'\[').replace(']', r'\]')):
+        config_from_values(values)
+
+
+def test_unknown_parameter_is_refused():
+    values = default_values()
+    values['min_dwel_s'] = 1.0
+    with pytest.raises(ValueError, match='unknown parameters: min_dwel_s'):
+        config_from_values(values)
+
+
+# -- state machine ------------------------------------------------------------------------
+
+def _climb(arbiter: Arbiter, t: float, u: float, until: Level, period: float = 0.1) -> float:
+    for _ in range(1000):
+        if arbiter.level == until:
+            return t
+        t += period
+        arbiter.observe(t, [det(u)], 2)
+    raise AssertionError(f'never reached {until}')
+
+
+def test_climbs_one_level_per_dwell_and_drops_at_once():
+    cfg = ArbiterConfig(min_dwell_s=1.0)
+    arbiter = Arbiter(cfg, 0.0)
+    ups = []
+    t = 0.0
+    while arbiter.level != Level.ASSISTANCE:
+        t += 0.1
+        step = arbiter.observe(t, [det(0.01)], 2)
+        if step.transition:
+            ups.append((step.transition.time, step.transition.to_level))
+    assert [lvl for _, lvl in ups] == [Level.GUIDED, Level.SHARED, Level.ASSISTANCE]
+    assert all(b[0] - a[0] >= 1.0 - 1e-9 for a, b in zip(ups, ups[1:], strict=False))
+    # Above down[0]: straight to teleoperation in one decision, with the crossed threshold.
+    step = arbiter.observe(t + 0.1, [det(2.5)], 2)
+    assert step.state.level == Level.TELEOPERATION and step.transition is not None
+    assert step.transition.from_level == Level.ASSISTANCE
+    assert 'above down threshold 2' in step.state.reason
+
+
+def test_intermediate_drop_lands_on_the_right_level():
+    arbiter = Arbiter(ArbiterConfig(min_dwell_s=0.0), 0.0)
+    t = _climb(arbiter, 0.0, 0.01, Level.ASSISTANCE)
+    # down = (2, 1, 0.5): 0.8 ends assistance (> 0.5) but not shared (<= 1).
+    step = arbiter.observe(t + 0.1, [det(0.8)], 2)
+    assert step.state.level == Level.SHARED and step.state.previous_level == Level.ASSISTANCE
+
+
+def test_stale_perception_falls_back_and_recovers_after_dwell():
+    arbiter = Arbiter(ArbiterConfig(min_dwell_s=0.5, perception_deadline_s=0.3), 0.0)
+    t = _climb(arbiter, 0.0, 0.01, Level.SHARED)
+    assert arbiter.step(t + 0.29).state.level == Level.SHARED  # within the deadline
+    step = arbiter.step(t + 0.31)
+    assert step.state.level == Level.TELEOPERATION and step.state.perception_stale
+    assert 'perception stale' in step.state.reason and math.isnan(step.state.uncertainty)
+    step = arbiter.observe(t + 0.4, [det(0.01)], 2)
+    assert not step.state.perception_stale and step.changed
+    assert step.state.level == Level.TELEOPERATION  # dwell restarts after the fall-back
+    assert arbiter.observe(t + 0.95, [det(0.01)], 2).state.level == Level.GUIDED
+
+
+def test_override_forces_a_level_and_expires():
+    arbiter = Arbiter(ArbiterConfig(min_dwell_s=10.0), 0.0)
+    arbiter.observe(0.1, [det(1.5)], 2)  # between up[0] and down[0]: teleoperation holds
+    ok, message, step = arbiter.set_override(0.2, 3, 1.0)
+    assert ok and 'assistance for 1 s' in message
+    assert step.state.level == Level.ASSISTANCE and step.state.override_active
+    assert step.state.override_expires == pytest.approx(1.2)
+    arbiter.observe(0.6, [det(1.5)], 2)
+    arbiter.observe(1.0, [det(1.5)], 2)
+    assert arbiter.step(1.19).state.level == Level.ASSISTANCE
+    step = arbiter.step(1.2)
+    # Released at the signal's mercy: 1.5 > down[2] and down[1], <= down[0] -> guided.
+    assert not step.state.override_active and step.state.level == Level.GUIDED
+    assert step.transition is not None and 'gp_variance 1.5 above' in step.transition.reason
+
+
+def test_override_release_and_refusals():
+    arbiter = Arbiter(ArbiterConfig(), 0.0)
+    arbiter.observe(0.1, [det(0.01)], 2)
+    assert arbiter.set_override(0.2, 4, 1.0)[0] is False
+    assert arbiter.set_override(0.2, 2, -1.0)[0] is False
+    assert arbiter.set_override(0.2, 2, math.nan)[0] is False
+    ok, _, step = arbiter.set_override(0.2, 2, 0.0)
+    assert ok and step.state.level == Level.SHARED and step.state.override_expires is None
+    assert arbiter.step(100.0).state.level == Level.TELEOPERATION  # stale beats override
+    arbiter.observe(100.1, [det(0.01)], 2)
+    assert arbiter.level == Level.SHARED  # the override comes back with perception
+    ok, message, step = arbiter.set_override(100.2, -1, 0.0)
+    assert ok and message == 'override released' and not step.state.override_active
+    assert step.state.reason == 'manual override released'
+
+
+def test_override_waits_while_perception_is_unusable():
+    arbiter = Arbiter(ArbiterConfig(), 0.0)
+    arbiter.observe(0.1, [det(math.nan)], 2)
+    ok, message, step = arbiter.set_override(0.2, 3, 5.0)
+    assert ok and 'held at teleoperation' in message
+    assert step.state.level == Level.TELEOPERATION and step.state.override_active
+
+
+def test_switching_signal_reassesses_the_latest_frame():
+    arbiter = Arbiter(ArbiterConfig(min_dwell_s=0.0), 0.0)
+    t = _climb(arbiter, 0.0, 0.01, Level.ASSISTANCE)
+    arbiter.observe(t, [det(0.01, mi=0.45)], 2)
+    assert arbiter.level == Level.ASSISTANCE
+    mi_config = ArbiterConfig(min_dwell_s=0.0, uncertainty_signal='mutual_information')
+    step = arbiter.set_config(mi_config, t + 0.01)
+    # MI 0.45 > down (0.5, 0.3, 0.1)[1] -> guided at once.
+    assert step.state.level == Level.GUIDED and step.state.uncertainty_signal.value == \
+        UncertaintySignal.MUTUAL_INFORMATION.value
+    assert step.state.down_thresholds == (0.5, 0.3, 0.1)
+
+
+def test_operator_timeout_gives_zero_and_nonfinite_commands_are_ignored():
+    arbiter = Arbiter(ArbiterConfig(operator_timeout_s=0.5), 0.0)
+    assert arbiter.operator_command(0.0, [0.3, 0, 0, 0, 0, 0.1])
+    assert not arbiter.operator_command(0.1, [math.nan, 0, 0, 0, 0, 0])
+    assert not arbiter.operator_command(0.1, [1.0, 2.0])
+    np.testing.assert_allclose(arbiter.step(0.4).command, [0.3, 0, 0, 0, 0, 0.1])
+    np.testing.assert_allclose(arbiter.step(0.51).command, np.zeros(6))
+
+
+def test_latency_summary():
+    window = LatencyWindow(3)
+    for s in (1e-3, 2e-3, 3e-3, 4e-3):
+        window.add(s)
+    summary = window.summary_ms()
+    assert summary['count'] == 3 and summary['p50_ms'] == pytest.approx(3.0)
+    assert summary['max_ms'] == pytest.approx(4.0)
+    assert math.isnan(latency_summary_ms([])['p99_ms'])
