@@ -19,10 +19,14 @@ setup(
     entry_points={
         'console_scripts': [
             'uq = uq_perception.cli:main',
+            'detector_node = uq_perception.detector_node:main',
         ],
         # Subcommands of `uq`: the name is the command path with dots ("bench.gp" is
         # `uq bench gp`), the value a function that fills an argparse parser.
         'uq.commands': [
+            'bench.gp = uq_perception.gp_benchmark:configure',
+            'bench.node = uq_perception.node_benchmark:configure',
+            'build-engine = uq_perception.engine_build:configure',
         ],
     },
 )

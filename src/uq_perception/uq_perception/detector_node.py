@@ -1,0 +1,325 @@
+"""Detector node: camera images in, detections with NTK-GP uncertainty out.
+
+A managed (lifecycle) node, as in ros2/demos ``lifecycle_py``: the model, the GP and the
+backend are loaded in ``on_configure`` and freed in ``on_cleanup``; the image
+subscription and the diagnostics timer exist only while active, and every publisher is a
+lifecycle publisher, so nothing is published while inactive. The node only adapts ROS to
+:class:`uq_perception.perception.UncertaintyPerception`.
+
+Topics (relative names, remap as usual):
+
+- ``image`` (sensor_msgs/Image, in): best-effort, depth 1, so a slow frame makes the
+  next ones be dropped instead of queued stale; reliable publishers match too.
+- ``camera_info`` (sensor_msgs/CameraInfo, in, optional): size consistency check.
+- ``detections`` (uq_msgs/DetectionArray, out): stamped with the image's stamp.
+- ``overlay`` (sensor_msgs/Image, out): boxes coloured by uncertainty (only rendered
+  while someone subscribes).
+- ``markers`` (visualization_msgs/MarkerArray, out).
+- ``/diagnostics`` (diagnostic_msgs/DiagnosticArray, out) at ``diagnostics_period``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rcl_interfaces.msg import SetParametersResult
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+from rclpy.qos import (
+    DurabilityPolicy,
+    HistoryPolicy,
+    QoSProfile,
+    ReliabilityPolicy,
+    qos_profile_sensor_data,
+)
+from rclpy.utilities import remove_ros_args
+from sensor_msgs.msg import CameraInfo, Image
+from visualization_msgs.msg import MarkerArray
+
+from uq_msgs.msg import DetectionArray
+from uq_perception.backends import BackendKind
+from uq_perception.image_codec import ImageFormatError, image_to_rgb, rgb_to_image_fields
+from uq_perception.messages import detection_array_message, marker_array_message
+from uq_perception.parameters import ParameterSpec, declare_parameters, validate_value
+from uq_perception.runtime_stats import RollingStats
+
+NODE_NAME = 'detector_node'
+WORKSPACE_MODELS = Path(__file__).resolve().parents[3] / 'models'
+
+PARAMETERS = [
+    ParameterSpec('model_path', str(WORKSPACE_MODELS / 'detector.pt'),
+                  'Detector weights (uq_perception CenterNet file).', read_only=True),
+    ParameterSpec('gp_path', str(WORKSPACE_MODELS / 'detector_gp.npz'),
+                  'NTK-GP artefact fitted for these weights.', read_only=True),
+    ParameterSpec('backend', BackendKind.PYTORCH_CPU.value,
+                  'Inference backend.', choices=[k.value for k in BackendKind], read_only=True),
+    ParameterSpec('engine_path', '',
+                  'TensorRT engine built by `uq build-engine` (backend tensorrt only).',
+                  read_only=True),
+    ParameterSpec('score_threshold', 0.3, 'Minimum objectness of a published detection.',
+                  min_value=0.0, max_value=1.0),
+    ParameterSpec('max_detections', 20, 'Maximum detections per image.',
+                  min_value=1, max_value=100),
+    ParameterSpec('tracking_iou', 0.3, 'Minimum IoU to continue an object track.',
+                  min_value=0.01, max_value=1.0),
+    ParameterSpec('max_image_pixels', 4096 * 4096,
+                  'Frames with more pixels are rejected before decoding.',
+                  min_value=1, max_value=100_000_000),
+    ParameterSpec('diagnostics_period', 1.0, 'Seconds between diagnostics messages.',
+                  min_value=0.05, max_value=1.0, read_only=True),
+    ParameterSpec('stale_input_timeout', 2.0,
+                  'Seconds without images after which diagnostics report a stale input.',
+                  min_value=0.1, max_value=60.0),
+    ParameterSpec('autostart', False,
+                  'Configure and activate at start-up (instead of waiting for a '
+                  'lifecycle manager).', read_only=True),
+]
+_SPECS = {spec.name: spec for spec in PARAMETERS}
+_IMAGE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
+                        reliability=ReliabilityPolicy.BEST_EFFORT,
+                        durability=DurabilityPolicy.VOLATILE)
+
+
+class DetectorNode(LifecycleNode):
+    """Lifecycle node publishing ``uq_msgs/DetectionArray`` with NTK-GP uncertainty."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(NODE_NAME, **kwargs)
+        self._params = declare_parameters(self, PARAMETERS)
+        self.add_on_set_parameters_callback(self._on_set_parameters)
+        self._inference_group = MutuallyExclusiveCallbackGroup()
+        self._diagnostics_group = MutuallyExclusiveCallbackGroup()
+        self._perception: Any = None
+        self._model_id = ''
+        self._device = ''
+        self._outputs: dict[str, Any] = {}
+        self._image_sub: Any = None
+        self._info_sub: Any = None
+        self._diagnostics_timer: Any = None
+        self._reset_stats()
+        if self._params['autostart']:
+            self._autostart_timer = self.create_timer(0.0, self._autostart)
+
+    # --- lifecycle -------------------------------------------------------------------
+    def _autostart(self) -> None:
+        self.destroy_timer(self._autostart_timer)
+        if self.trigger_configure() == TransitionCallbackReturn.SUCCESS:
+            self.trigger_activate()
+
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        try:
+            self._perception = self._load_perception()
+        except (OSError, ValueError, RuntimeError) as exc:
+            self.get_logger().error(f'configure failed, staying unconfigured: {exc}')
+            return TransitionCallbackReturn.FAILURE
+        reliable = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+        self._outputs = {
+            'detections': self.create_lifecycle_publisher(DetectionArray, 'detections',
+                                                          reliable),
+            'overlay': self.create_lifecycle_publisher(Image, 'overlay',
+                                                       qos_profile_sensor_data),
+            'markers': self.create_lifecycle_publisher(MarkerArray, 'markers', reliable),
+            'diagnostics': self.create_lifecycle_publisher(DiagnosticArray, '/diagnostics',
+                                                           reliable),
+        }
+        self.get_logger().info(
+            f'configured: model {self._model_id} on {self._params["backend"]} '
+            f'({self._device}), classes {self._perception.gp.class_names}')
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._reset_stats()
+        self._image_sub = self.create_subscription(
+            Image, 'image', self._on_image, _IMAGE_QOS, callback_group=self._inference_group)
+        self._info_sub = self.create_subscription(
+            CameraInfo, 'camera_info', self._on_camera_info, qos_profile_sensor_data,
+            callback_group=self._diagnostics_group)
+        self._diagnostics_timer = self.create_timer(
+            self._params['diagnostics_period'], self._publish_diagnostics,
+            callback_group=self._diagnostics_group)
+        self.get_logger().info('active: processing images')
+        return super().on_activate(state)
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_io()
+        self.get_logger().info('inactive: not processing images')
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_io()
+        for publisher in self._outputs.values():
+            self.destroy_lifecycle_publisher(publisher)
+        self._outputs = {}
+        self._perception = None
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        return self.on_cleanup(state)
+
+    def _stop_io(self) -> None:
+        if self._image_sub is not None:
+            self.destroy_subscription(self._image_sub)
+            self.destroy_subscription(self._info_sub)
+            self.destroy_timer(self._diagnostics_timer)
+            self._image_sub = self._info_sub = self._diagnostics_timer = None
+
+    def _load_perception(self) -> Any:
+        # Heavy imports here, so `--help` and parameter errors answer without torch.
+        from uq_perception.backends import create_backend
+        from uq_perception.detector import load_detector
+        from uq_perception.ntk_gp import LastLayerNTKGP
+        from uq_perception.perception import UncertaintyPerception
+        from uq_perception.tracking import IoUTracker
+
+        p = self._params
+        model = load_detector(p['model_path'])
+        model_id = getattr(model, 'model_id', '')
+        gp = LastLayerNTKGP.load(p['gp_path'], feature_dim=model.embedding_dim,
+                                 model_id=model_id or None)
+        backend = create_backend(p['backend'], model, engine_path=p['engine_path'] or None,
+                                 gp_tensors=gp.gp_tensors() if p['backend'] == 'tensorrt'
+                                 else None)
+        self._model_id = gp.model_id
+        self._device = backend.device_name
+        return UncertaintyPerception(backend, gp, p['score_threshold'], p['max_detections'],
+                                     IoUTracker(p['tracking_iou']))
+
+    # --- parameters ------------------------------------------------------------------
+    def _on_set_parameters(self, parameters: list) -> SetParametersResult:
+        for parameter in parameters:
+            spec = _SPECS.get(parameter.name)
+            if spec is None:
+                continue
+            error = validate_value(spec, parameter.value)
+            if error:
+                return SetParametersResult(successful=False, reason=error)
+        for parameter in parameters:
+            if parameter.name in _SPECS:
+                self._params[parameter.name] = parameter.value
+        if self._perception is not None:
+            self._perception.score_threshold = self._params['score_threshold']
+            self._perception.max_detections = self._params['max_detections']
+            self._perception.tracker.iou_threshold = self._params['tracking_iou']
+        return SetParametersResult(successful=True)
+
+    # --- data path -------------------------------------------------------------------
+    def _reset_stats(self) -> None:
+        self._stats = RollingStats()
+        self._last_sequence: int | None = None
+        self._last_arrival: float | None = None
+        self._last_problem = ''
+        self._camera_info_size: tuple[int, int] | None = None
+
+    def _on_camera_info(self, msg: CameraInfo) -> None:
+        self._camera_info_size = (msg.height, msg.width)
+
+    def _on_image(self, msg: Image, info: dict) -> None:
+        arrival = time.monotonic()
+        self._stats.record_arrival(arrival)
+        self._last_arrival = arrival
+        self._count_dropped(info.get('publication_sequence_number'))
+        try:
+            rgb = image_to_rgb(msg.height, msg.width, msg.encoding, msg.step, msg.data,
+                               bool(msg.is_bigendian), self._params['max_image_pixels'])
+        except ImageFormatError as exc:
+            self._stats.increment('rejected')
+            self._last_problem = f'rejected frame: {exc}'
+            self.get_logger().warning(self._last_problem, throttle_duration_sec=1.0)
+            return
+        try:
+            frame = self._perception.process(rgb)
+        except (ValueError, RuntimeError) as exc:
+            self._stats.increment('errors')
+            self._last_problem = f'inference failed: {exc}'
+            self.get_logger().error(self._last_problem, throttle_duration_sec=1.0)
+            return
+        self._outputs['detections'].publish(detection_array_message(
+            frame, msg.header, self._params['backend'], self._model_id))
+        self._stats.increment('processed')
+        self._stats.record_latency((time.monotonic() - arrival) * 1e3)
+        ood_threshold = self._perception.gp.ood_threshold
+        if self._outputs['markers'].get_subscription_count():
+            self._outputs['markers'].publish(
+                marker_array_message(frame, msg.header, ood_threshold))
+        if self._outputs['overlay'].get_subscription_count():
+            from uq_perception.overlay import draw_overlay
+            self._outputs['overlay'].publish(Image(
+                header=msg.header, **rgb_to_image_fields(draw_overlay(rgb, frame,
+                                                                      ood_threshold))))
+
+    def _count_dropped(self, sequence: int | None) -> None:
+        # DDS publication sequence numbers grow by one per message of a publisher; a gap
+        # means frames the depth-1 queue overwrote while we were busy (or lost in
+        # transit on best effort). A reset (new publisher) is not counted.
+        if sequence:
+            if self._last_sequence is not None and sequence > self._last_sequence + 1:
+                self._stats.increment('dropped', sequence - self._last_sequence - 1)
+            self._last_sequence = sequence
+
+    def _publish_diagnostics(self) -> None:
+        now = time.monotonic()
+        p50, p99 = self._stats.latency_percentiles(50, 99)
+        counters = self._stats.counters
+        level, message = DiagnosticStatus.OK, 'processing images'
+        if self._last_arrival is None or now - self._last_arrival > \
+                self._params['stale_input_timeout']:
+            level, message = DiagnosticStatus.WARN, 'no images received (stale input)'
+        if self._last_problem:
+            level, message = DiagnosticStatus.WARN, self._last_problem
+            self._last_problem = ''
+        values = {
+            'input_rate_hz': f'{self._stats.rate_hz(now):.2f}',
+            'latency_p50_ms': f'{p50:.2f}', 'latency_p99_ms': f'{p99:.2f}',
+            'frames_processed': str(counters.get('processed', 0)),
+            'frames_dropped': str(counters.get('dropped', 0)),
+            'frames_rejected': str(counters.get('rejected', 0)),
+            'inference_errors': str(counters.get('errors', 0)),
+            'backend': self._params['backend'], 'device': self._device,
+            'model_id': self._model_id,
+            'camera_info': ('x'.join(map(str, self._camera_info_size[::-1]))
+                            if self._camera_info_size else 'none'),
+        }
+        status = DiagnosticStatus(
+            level=level, name=f'{self.get_name()}: uncertainty detector', message=message,
+            hardware_id=self._device,
+            values=[KeyValue(key=k, value=v) for k, v in values.items()])
+        array = DiagnosticArray(status=[status])
+        array.header.stamp = self.get_clock().now().to_msg()
+        self._outputs['diagnostics'].publish(array)
+
+
+def main(args: list[str] | None = None) -> None:
+    argv = sys.argv if args is None else args
+    parser = argparse.ArgumentParser(
+        prog=NODE_NAME, description=__doc__.split('\n\n')[0],
+        epilog='Parameters (set with --ros-args -p name:=value or --params-file '
+               'config/detector.yaml): ' + '; '.join(
+                   f'{s.name} (default {s.default!r}): {s.description}' for s in PARAMETERS))
+    parser.parse_args(remove_ros_args(argv)[1:])
+    rclpy.init(args=argv)
+    node = None
+    try:
+        node = DetectorNode()
+        executor = MultiThreadedExecutor(num_threads=2)
+        executor.add_node(node)
+        executor.spin()
+    except ValueError as exc:
+        print(f'{NODE_NAME}: {exc}', file=sys.stderr)
+        sys.exit(2)
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        if node is not None:
+            node.destroy_node()
+        rclpy.try_shutdown()
+
+
+if __name__ == '__main__':
+    main()

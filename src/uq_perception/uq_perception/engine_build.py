@@ -1,0 +1,37 @@
+"""``uq build-engine``: compile the detector and its GP query into a TensorRT engine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Build a TensorRT engine (FP16) of the detector on this machine's NVIDIA GPU."""
+    from uq_perception.detector_node import PARAMETERS
+
+    defaults = {spec.name: spec.default for spec in PARAMETERS}
+    parser.add_argument('--model', default=defaults['model_path'], help='detector weights')
+    parser.add_argument('--gp', default=defaults['gp_path'],
+                        help='NTK-GP artefact (fixes the shapes of the runtime GP inputs)')
+    parser.add_argument('--out', default='build/detector_trt.ep',
+                        help='engine file to write (built artefact: never commit it)')
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from uq_perception.backends import BackendUnavailableError, build_tensorrt_engine
+    from uq_perception.detector import load_detector
+    from uq_perception.ntk_gp import LastLayerNTKGP
+
+    try:
+        model = load_detector(args.model)
+        gp = LastLayerNTKGP.load(args.gp, feature_dim=model.embedding_dim,
+                                 model_id=model.model_id)
+        path = build_tensorrt_engine(model, gp.gp_tensors(), args.out)
+    except (BackendUnavailableError, ValueError) as exc:
+        print(f'uq build-engine: {exc}', file=sys.stderr)
+        return 2
+    print(f'wrote TensorRT engine {path}; run the node with '
+          f'-p backend:=tensorrt -p engine_path:={path}')
+    return 0

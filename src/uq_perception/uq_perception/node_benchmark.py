@@ -1,0 +1,177 @@
+"""``uq bench node``: end-to-end latency of the detector node against its bare forward pass.
+
+The detector node runs as its own process (the console script, autostarted) and a
+benchmark node in this process publishes 320x240 frames at a fixed rate over real DDS and
+receives the ``DetectionArray`` answers, matched by stamp. In the same run, the same model
+and frames are timed through the bare backend call (preprocess + forward + decode), so the
+node overhead is a ratio of two figures measured side by side on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Measure detector-node latency and sustained rate against the bare forward pass."""
+    from uq_perception.detector_node import PARAMETERS
+
+    defaults = {spec.name: spec.default for spec in PARAMETERS}
+    parser.add_argument('--model', default=defaults['model_path'], help='detector weights')
+    parser.add_argument('--gp', default=defaults['gp_path'], help='NTK-GP artefact')
+    parser.add_argument('--frames', type=int, default=300, help='frames per rate')
+    parser.add_argument('--rate', type=float, action='append',
+                        help='publish rate in Hz (repeatable; default 15)')
+    parser.add_argument('--domain-id', type=int, default=77,
+                        help='ROS_DOMAIN_ID for the benchmark (keep it private)')
+    parser.set_defaults(run=run)
+
+
+def _frames(count: int, height: int = 240, width: int = 320) -> list[np.ndarray]:
+    """Rendered tabletop frames when the simulator is installed, else textured noise."""
+    try:
+        from uq_sim.scenario import render_scenario_frames
+    except ImportError:
+        rng = np.random.default_rng(0)
+        return [rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+                for _ in range(min(count, 30))]
+    return render_scenario_frames(min(count, 30), width=width, height=height)
+
+
+def _bare_forward_ms(model_path: str, gp_path: str, frames: list[np.ndarray],
+                     repeats: int) -> list[float]:
+    import torch
+
+    from uq_perception.backends import TorchBackend
+    from uq_perception.detector import load_detector
+
+    torch.set_num_threads(int(os.environ.get('UQ_TORCH_THREADS', '2')))
+    backend = TorchBackend(load_detector(model_path))
+    for frame in frames[:5]:
+        backend.infer(frame, 0.3, 20)
+    times = []
+    for i in range(repeats):
+        start = time.perf_counter()
+        backend.infer(frames[i % len(frames)], 0.3, 20)
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def _latency_trend(latencies_ms: np.ndarray) -> float:
+    """Median latency of the last third over that of the first third (1 = no growth)."""
+    third = max(len(latencies_ms) // 3, 1)
+    return float(np.median(latencies_ms[-third:]) / np.median(latencies_ms[:third]))
+
+
+def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int) -> dict:
+    from rclpy.executors import SingleThreadedExecutor
+    from rclpy.node import Node
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+    from sensor_msgs.msg import Image
+
+    from uq_msgs.msg import DetectionArray
+    from uq_perception.image_codec import rgb_to_image_fields
+
+    node = Node('uq_bench_node')
+    sent: dict[tuple[int, int], float] = {}
+    latencies: dict[tuple[int, int], float] = {}
+
+    def on_detections(msg: DetectionArray) -> None:
+        key = (msg.header.stamp.sec, msg.header.stamp.nanosec)
+        if key in sent:
+            latencies[key] = (time.perf_counter() - sent[key]) * 1e3
+
+    node.create_subscription(DetectionArray, 'detections', on_detections,
+                             QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+    publisher = node.create_publisher(Image, 'image', QoSProfile(
+        depth=1, reliability=ReliabilityPolicy.BEST_EFFORT))
+    executor = SingleThreadedExecutor()
+    executor.add_node(node)
+    fields = [rgb_to_image_fields(f) for f in frames]
+    # Warm-up: wait until the node answers at all (discovery, model load).
+    deadline = time.monotonic() + 120
+    warm = 0
+    while not latencies and time.monotonic() < deadline:
+        msg = Image(**fields[0])
+        msg.header.stamp.sec, msg.header.stamp.nanosec = 0, warm
+        sent[(0, warm)] = time.perf_counter()
+        publisher.publish(msg)
+        warm += 1
+        executor.spin_once(timeout_sec=0.2)
+    if not latencies:
+        raise RuntimeError('the detector node never answered (is the model path right?)')
+    sent.clear()
+    latencies.clear()
+    period = 1.0 / rate_hz
+    start = time.perf_counter()
+    for i in range(count):
+        msg = Image(**fields[i % len(fields)])
+        msg.header.stamp.sec, msg.header.stamp.nanosec = 1 + i, 0
+        target = start + i * period
+        while (now := time.perf_counter()) < target:
+            executor.spin_once(timeout_sec=target - now)
+        sent[(1 + i, 0)] = time.perf_counter()
+        publisher.publish(msg)
+    elapsed = time.perf_counter() - start
+    drain = time.perf_counter() + 2.0
+    while time.perf_counter() < drain and len(latencies) < len(sent):
+        executor.spin_once(timeout_sec=0.05)
+    executor.shutdown()
+    node.destroy_node()
+    ordered = np.array([latencies[k] for k in sorted(latencies)])
+    return {
+        'rate_hz_requested': rate_hz,
+        'rate_hz_published': count / elapsed,
+        'rate_hz_answered': len(ordered) / elapsed,
+        'frames_sent': count,
+        'frames_answered': len(ordered),
+        'latency_p50_ms': float(np.percentile(ordered, 50)),
+        'latency_p99_ms': float(np.percentile(ordered, 99)),
+        'latency_trend': _latency_trend(ordered),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    import rclpy
+
+    for path in (args.model, args.gp):
+        if not Path(path).is_file():
+            print(f'uq bench node: {path} not found', file=sys.stderr)
+            return 2
+    env = os.environ | {'ROS_DOMAIN_ID': str(args.domain_id)}
+    os.environ['ROS_DOMAIN_ID'] = str(args.domain_id)
+    frames = _frames(args.frames)
+    node_process = subprocess.Popen(
+        [sys.executable, '-m', 'uq_perception.detector_node', '--ros-args',
+         '-p', 'autostart:=true', '-p', f'model_path:={args.model}',
+         '-p', f'gp_path:={args.gp}', '--log-level', 'warn'], env=env)
+    rclpy.init()
+    try:
+        for rate in args.rate or [15.0]:
+            print(f'[bench node] {args.frames} frames at {rate} Hz ...', file=sys.stderr)
+            result = _run_rate(rate, frames, args.frames)
+            forward = np.array(_bare_forward_ms(args.model, args.gp, frames, args.frames))
+            forward_p50 = float(np.percentile(forward, 50))
+            result |= {
+                'forward_p50_ms': forward_p50,
+                'forward_p99_ms': float(np.percentile(forward, 99)),
+                'latency_over_forward': result['latency_p50_ms'] / forward_p50,
+                'node_overhead_ratio': (result['latency_p50_ms'] - forward_p50) / forward_p50,
+                'sustained': bool(result['frames_answered'] >= 0.95 * result['frames_sent']
+                                  and result['latency_trend'] < 1.5),
+                'image_size': '320x240',
+            }
+            print(json.dumps(result), flush=True)
+    finally:
+        node_process.terminate()
+        node_process.wait(timeout=10)
+        rclpy.try_shutdown()
+    return 0

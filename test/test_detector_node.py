@@ -1,0 +1,287 @@
+"""The detector node over real DDS: lifecycle, stamps, malformed frames, parameters, QoS.
+
+The node runs in this process on its own multi-threaded executor thread; the test talks to
+it only through topics and services, as any other ROS node would. A small randomly
+initialised detector (with a GP fitted to its embeddings) keeps the test fast; the shipped
+model is exercised by the simulation tests.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import rclpy
+import torch
+from diagnostic_msgs.msg import DiagnosticArray
+from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState, GetState
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.node import Node
+from rclpy.parameter import Parameter, parameter_value_to_python
+from rclpy.parameter_client import AsyncParameterClient
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import Image
+
+from uq_msgs.msg import DetectionArray
+from uq_perception.detector import CenterNetDetector, save_detector
+from uq_perception.detector_node import DetectorNode
+from uq_perception.image_codec import rgb_to_image_fields
+from uq_perception.ntk_gp import LastLayerNTKGP
+
+CLASSES = ['box', 'sphere', 'cylinder', 'capsule', 'ellipsoid', 'mug']
+HEIGHT, WIDTH = 96, 128
+TIMEOUT_S = 10.0
+
+
+@pytest.fixture(scope='module')
+def model_files(tmp_path_factory):
+    torch.manual_seed(0)
+    model = CenterNetDetector(CLASSES, embedding_dim=16, input_size=(HEIGHT, WIDTH),
+                              channels=(8, 8, 16, 16), neck_channels=16,
+                              max_candidates=16).eval()
+    directory = tmp_path_factory.mktemp('model')
+    save_detector(model, directory / 'detector.pt', model_id='test-model')
+    with torch.no_grad():
+        out = model(torch.rand(8, 3, HEIGHT, WIDTH))
+    features = out['embeddings'].reshape(-1, 16).numpy().astype(np.float64)
+    labels = out['logits'].reshape(-1, len(CLASSES)).argmax(1).numpy()
+    gp = LastLayerNTKGP(model.head.weight.detach().numpy().astype(np.float64),
+                        model.head.bias.detach().numpy().astype(np.float64),
+                        class_names=CLASSES, model_id='test-model')
+    gp.fit(features, labels)
+    gp.calibrate_ood(features)
+    gp.save(directory / 'detector_gp.npz')
+    return directory
+
+
+class Harness:
+    """A test node that feeds images to the detector and collects what it publishes."""
+
+    def __init__(self, context, detector: DetectorNode) -> None:
+        self.node = Node('detector_test_client', context=context)
+        self.detections: list[DetectionArray] = []
+        self.diagnostics: list[DiagnosticArray] = []
+        self.node.create_subscription(DetectionArray, 'detections', self.detections.append,
+                                      QoSProfile(depth=50, reliability=ReliabilityPolicy.RELIABLE))
+        self.node.create_subscription(DiagnosticArray, '/diagnostics', self.diagnostics.append,
+                                      QoSProfile(depth=50, reliability=ReliabilityPolicy.RELIABLE))
+        self.best_effort = self.node.create_publisher(
+            Image, 'image', QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT))
+        self.reliable = self.node.create_publisher(
+            Image, 'image', QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE))
+        self.change_state = self.node.create_client(ChangeState, 'detector_node/change_state')
+        self.get_state = self.node.create_client(GetState, 'detector_node/get_state')
+        self.params = AsyncParameterClient(self.node, 'detector_node')
+        self.executor = MultiThreadedExecutor(num_threads=3, context=context)
+        self.executor.add_node(detector)
+        self.executor.add_node(self.node)
+        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
+        self.thread.start()
+        self._stamp = 0
+
+    def close(self) -> None:
+        self.executor.shutdown()
+        self.thread.join(timeout=5)
+        self.node.destroy_node()
+
+    def wait_for(self, condition: Callable[[], bool], timeout_s: float = TIMEOUT_S) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if condition():
+                return True
+            time.sleep(0.02)
+        return condition()
+
+    def call(self, client, request):
+        assert client.wait_for_service(timeout_sec=TIMEOUT_S)
+        future = client.call_async(request)
+        assert self.wait_for(future.done), 'service call timed out'
+        return future.result()
+
+    def transition(self, transition_id: int) -> bool:
+        return self.call(self.change_state,
+                         ChangeState.Request(transition=Transition(id=transition_id))).success
+
+    def state(self) -> str:
+        return self.call(self.get_state, GetState.Request()).current_state.label
+
+    def image(self, **overrides) -> Image:
+        """A valid rgb8 frame with a unique stamp (fields can be overridden)."""
+        self._stamp += 1
+        rgb = np.random.default_rng(self._stamp).integers(0, 256, (HEIGHT, WIDTH, 3),
+                                                          dtype=np.uint8)
+        msg = Image(**(rgb_to_image_fields(rgb) | overrides))
+        msg.header.stamp.sec, msg.header.frame_id = self._stamp, 'camera_optical_frame'
+        return msg
+
+    def send_until_answered(self, publisher, msg: Image, timeout_s: float = TIMEOUT_S) -> bool:
+        """Publish ``msg`` (repeatedly: best effort may lose the first one while discovery
+        settles) until its DetectionArray comes back."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            publisher.publish(msg)
+            if self.wait_for(lambda: self.answered(msg), 0.5):
+                return True
+        return False
+
+    def answered(self, msg: Image) -> bool:
+        return any(d.header.stamp == msg.header.stamp for d in self.detections)
+
+
+@pytest.fixture
+def harness(ros_context, model_files):
+    detector = DetectorNode(context=ros_context, parameter_overrides=[
+        Parameter('model_path', value=str(model_files / 'detector.pt')),
+        Parameter('gp_path', value=str(model_files / 'detector_gp.npz')),
+        Parameter('score_threshold', value=0.0),
+        Parameter('max_detections', value=5),
+        Parameter('diagnostics_period', value=0.2),
+    ])
+    h = Harness(ros_context, detector)
+    try:
+        yield h
+    finally:
+        h.close()
+        detector.destroy_node()
+
+
+def _activate(h: Harness) -> None:
+    assert h.transition(Transition.TRANSITION_CONFIGURE)
+    assert h.transition(Transition.TRANSITION_ACTIVATE)
+    assert h.state() == 'active'
+
+
+def test_frame_in_detection_array_out_with_image_stamp(harness):
+    _activate(harness)
+    msg = harness.image()
+    assert harness.send_until_answered(harness.best_effort, msg)
+    out = next(d for d in harness.detections if d.header.stamp == msg.header.stamp)
+    assert out.header.frame_id == 'camera_optical_frame'
+    assert out.model_id == 'test-model' and out.backend == 'pytorch-cpu'
+    assert out.class_names == CLASSES
+    assert 1 <= len(out.detections) <= 5
+    for det in out.detections:
+        u = det.uncertainty
+        values = [u.gp_variance, u.predictive_entropy, u.expected_entropy,
+                  u.mutual_information, u.max_probability, *u.class_variance]
+        assert np.all(np.isfinite(values)) and u.gp_variance >= 0
+        assert abs(sum(det.class_probabilities) - 1.0) < 1e-4
+        assert 0 <= det.center_x <= WIDTH and 0 <= det.center_y <= HEIGHT
+
+
+def test_lifecycle_cycles_publish_only_while_active(harness):
+    before = harness.image()
+    harness.best_effort.publish(before)
+    assert harness.state() == 'unconfigured'
+    for _ in range(2):
+        assert harness.transition(Transition.TRANSITION_CONFIGURE)
+        inactive = harness.image()
+        harness.reliable.publish(inactive)
+        assert harness.transition(Transition.TRANSITION_ACTIVATE)
+        active = harness.image()
+        assert harness.send_until_answered(harness.reliable, active)
+        assert harness.transition(Transition.TRANSITION_DEACTIVATE)
+        count = len(harness.detections)
+        after = harness.image()
+        harness.reliable.publish(after)
+        time.sleep(0.5)
+        assert len(harness.detections) == count, 'published while inactive'
+        assert harness.transition(Transition.TRANSITION_CLEANUP)
+        assert harness.state() == 'unconfigured'
+        for silent in (before, inactive, after):
+            assert not harness.answered(silent)
+
+
+@pytest.mark.parametrize('publisher_name', ['best_effort', 'reliable'])
+def test_qos_compatible_with_best_effort_and_reliable_publishers(harness, publisher_name):
+    _activate(harness)
+    assert harness.send_until_answered(getattr(harness, publisher_name), harness.image())
+
+
+MALFORMED = {
+    'unknown encoding': dict(encoding='yuv422'),
+    'step smaller than a row': dict(step=WIDTH * 3 - 1),
+    'size not height x step': dict(data=b'\x00' * (HEIGHT * WIDTH * 3 - 5)),
+    'empty 0x0': dict(height=0, width=0, step=0, data=b''),
+    'over the maximum size': dict(height=5000, width=5000, step=15000,
+                                  data=b'\x00' * 16),
+    'NaN in a float image': dict(encoding='32FC1', step=WIDTH * 4, data=np.full(
+        (HEIGHT, WIDTH), np.nan, np.float32).tobytes()),
+}
+
+
+def test_malformed_frames_are_rejected_and_the_next_valid_frame_is_processed(harness):
+    _activate(harness)
+    assert harness.send_until_answered(harness.reliable, harness.image())
+    for count, (name, fields) in enumerate(MALFORMED.items(), start=1):
+        bad = harness.image(**fields)
+        harness.reliable.publish(bad)
+
+        def rejected_reported(expected: int = count) -> bool:
+            return any(kv.key == 'frames_rejected' and int(kv.value) == expected
+                       for d in harness.diagnostics for s in d.status for kv in s.values)
+        assert harness.wait_for(rejected_reported), f'{name}: no rejection in diagnostics'
+        assert not harness.answered(bad), f'{name}: malformed frame produced detections'
+        assert harness.send_until_answered(harness.reliable, harness.image()), \
+            f'{name}: the next valid frame was not processed'
+    final = [kv for s in harness.diagnostics[-1].status for kv in s.values
+             if kv.key == 'frames_rejected']
+    assert int(final[0].value) == len(MALFORMED)
+    messages = [s.message for d in harness.diagnostics for s in d.status]
+    assert any('unsupported encoding' in m for m in messages)
+    assert any('non-finite' in m for m in messages)
+
+
+def test_invalid_parameters_are_rejected_and_old_values_kept(harness):
+    _activate(harness)
+
+    def set_params(*params: Parameter):
+        future = harness.params.set_parameters(list(params))
+        assert harness.wait_for(future.done)
+        return future.result().results
+
+    [bad_range] = set_params(Parameter('score_threshold', value=1.5))
+    assert not bad_range.successful and 'score_threshold' in bad_range.reason
+    [bad_type] = set_params(Parameter('max_detections', value='many'))
+    assert not bad_type.successful
+    [read_only] = set_params(Parameter('backend', value='tensorrt'))
+    assert not read_only.successful
+    [good] = set_params(Parameter('max_detections', value=2))
+    assert good.successful
+    future = harness.params.get_parameters(['score_threshold', 'max_detections', 'backend'])
+    assert harness.wait_for(future.done)
+    values = [parameter_value_to_python(v) for v in future.result().values]
+    assert values == [0.0, 2, 'pytorch-cpu']
+    msg = harness.image()
+    assert harness.send_until_answered(harness.reliable, msg)
+    out = next(d for d in harness.detections if d.header.stamp == msg.header.stamp)
+    assert len(out.detections) <= 2
+
+
+def test_corrupt_model_file_fails_configure_and_node_keeps_running(ros_context, tmp_path):
+    corrupt = tmp_path / 'detector.pt'
+    corrupt.write_bytes(b'not a model')
+    detector = DetectorNode(context=ros_context, parameter_overrides=[
+        Parameter('model_path', value=str(corrupt))])
+    h = Harness(ros_context, detector)
+    try:
+        assert not h.transition(Transition.TRANSITION_CONFIGURE)
+        assert h.state() == 'unconfigured'
+    finally:
+        h.close()
+        detector.destroy_node()
+
+
+def test_invalid_start_up_parameter_refuses_to_start(ros_context):
+    with pytest.raises(rclpy.exceptions.InvalidParameterValueException):
+        DetectorNode(context=ros_context,
+                     parameter_overrides=[Parameter('score_threshold', value=2.0)])
+
+
+def test_unknown_backend_refuses_to_start(ros_context):
+    with pytest.raises(ValueError, match='backend must be one of'):
+        DetectorNode(context=ros_context, parameter_overrides=[Parameter('backend', value='x')])
