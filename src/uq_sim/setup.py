@@ -18,10 +18,13 @@ setup(
     license='Apache-2.0',
     entry_points={
         'console_scripts': [
+            f'sim_camera_node = {PACKAGE}.sim_camera_node:main',
         ],
         'uq.commands': [
+            'demo = uq_sim.demo:configure',
             'sim.dataset = uq_sim.commands:configure_dataset',
             'sim.preview = uq_sim.commands:configure_preview',
+            'bench.sim = uq_sim.commands:configure_bench',
         ],
     },
 )

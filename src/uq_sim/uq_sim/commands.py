@@ -1,4 +1,4 @@
-"""``uq`` subcommands of the simulator (``uq sim dataset``, ``uq sim preview``).
+"""``uq`` subcommands of the simulator (``uq sim dataset``, ``uq sim preview``, ``uq bench sim``).
 
 Kept cheap to import: MuJoCo, OpenCV and the renderer load inside the ``run`` functions.
 """
@@ -6,6 +6,7 @@ Kept cheap to import: MuJoCo, OpenCV and the renderer load inside the ``run`` fu
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -114,4 +115,21 @@ def run_preview(args: argparse.Namespace) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     cv2.imwrite(str(args.out), sheet)
     print(args.out)
+    return 0
+
+
+def configure_bench(parser: argparse.ArgumentParser) -> None:
+    """Measure the simulator's rendering rate (images/s) and print JSON."""
+    parser.add_argument('--n', type=_positive_int, default=50, help='images to render')
+    parser.add_argument('--width', type=_positive_int, default=320, help='image width, px')
+    parser.add_argument('--height', type=_positive_int, default=240, help='image height, px')
+    parser.add_argument('--seed', type=int, default=0, help='seed')
+    parser.set_defaults(run=run_bench)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Time dataset images (new random scene each) and a fixed scene (camera-node path)."""
+    from uq_sim.benchmark import benchmark_rendering
+
+    print(json.dumps(benchmark_rendering(args.n, args.width, args.height, args.seed), indent=2))
     return 0

@@ -138,7 +138,7 @@ def _write_png(path: Path, rgb: np.ndarray) -> None:
 
 
 # One renderer per worker process, created by the pool initializer.
-_WORKER_RENDERER = None
+_WORKER_RENDERER: Any = None
 
 
 def _init_worker(width: int, height: int) -> None:
@@ -243,7 +243,8 @@ def generate_dataset(out_dir: str | Path, n: int, seed: int = 0, width: int = 32
                         results[image_id] = anns
                         bar.update(1)
             finally:
-                _WORKER_RENDERER.close()
+                if _WORKER_RENDERER is not None:
+                    _WORKER_RENDERER.close()
         else:
             # spawn, not fork: a forked child must not inherit the parent's GL state.
             with ProcessPoolExecutor(workers, mp_context=get_context('spawn'),
@@ -260,7 +261,8 @@ def generate_dataset(out_dir: str | Path, n: int, seed: int = 0, width: int = 32
     categories = coco_categories()
     paths = {}
     for split in selected:
-        images_json, anns_json = [], []
+        images_json: list[dict[str, Any]] = []
+        anns_json: list[dict[str, Any]] = []
         for image_id in layout[split]:
             images_json.append({'id': image_id, 'file_name': f'images/{image_id:06d}.png',
                                 'width': width, 'height': height})

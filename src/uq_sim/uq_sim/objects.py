@@ -95,7 +95,7 @@ class GeomSpec:
 
     type: GeomType
     size: tuple[float, ...] = ()
-    pos: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    pos: tuple[float, ...] = (0.0, 0.0, 0.0)
     rot: np.ndarray = field(default_factory=lambda: np.eye(3))
     mesh: Mesh | None = None
     finish: Finish = Finish.MAIN
@@ -138,10 +138,10 @@ class GeomSpec:
 class Appearance:
     """Colours and texture of an object. Colours are RGB in [0, 1]."""
 
-    rgb: tuple[float, float, float]
+    rgb: tuple[float, ...]
     texture: TextureKind = TextureKind.PLAIN
-    rgb2: tuple[float, float, float] = (1.0, 1.0, 1.0)
-    accent: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    rgb2: tuple[float, ...] = (1.0, 1.0, 1.0)
+    accent: tuple[float, ...] = (0.5, 0.5, 0.5)
     specular: float = 0.3
     shininess: float = 0.3
 
@@ -366,9 +366,8 @@ def _shape(class_name: str, rng: np.random.Generator) -> tuple[tuple[GeomSpec, .
         r, d = _u(rng, 0.02, 0.03), _u(rng, 0.04, 0.065)
         bar = GeomSpec(GeomType.CYLINDER, (_u(rng, 0.006, 0.01), d), rot=rot_y(math.pi / 2),
                        finish=Finish.ACCENT)
-        geoms = (GeomSpec(GeomType.SPHERE, (r,), (-d, 0.0, 0.0)),
-                 GeomSpec(GeomType.SPHERE, (r,), (d, 0.0, 0.0)), bar)
-        return geoms, np.eye(3)
+        return (GeomSpec(GeomType.SPHERE, (r,), (-d, 0.0, 0.0)),
+                GeomSpec(GeomType.SPHERE, (r,), (d, 0.0, 0.0)), bar), np.eye(3)
     if class_name == 'star':
         outer = _u(rng, 0.045, 0.065)
         mesh = star_prism_mesh(outer, _u(rng, 0.4, 0.5) * outer, _u(rng, 0.015, 0.03))
@@ -376,7 +375,7 @@ def _shape(class_name: str, rng: np.random.Generator) -> tuple[tuple[GeomSpec, .
     raise ValueError(f'unknown object class {class_name!r}; expected one of {ALL_CLASSES}')
 
 
-def random_rgb(rng: np.random.Generator) -> tuple[float, float, float]:
+def random_rgb(rng: np.random.Generator) -> tuple[float, ...]:
     """A random colour from the whole hue circle, including near-greys and dark shades.
 
     The same distribution serves every class, so colour never reveals the class.
@@ -445,6 +444,7 @@ def make_distractor(name: str, xy: tuple[float, float], rng: np.random.Generator
                     ) -> DistractorSpec:
     """Sample a flat clutter item (2-6 mm thick) at ``xy``."""
     thick = _u(rng, 0.001, 0.003)
+    size: tuple[float, ...]
     if rng.random() < 0.6:
         shape, size = GeomType.BOX, (_u(rng, 0.03, 0.09), _u(rng, 0.02, 0.06), thick)
     else:

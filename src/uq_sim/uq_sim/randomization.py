@@ -102,7 +102,7 @@ def sample_lights(rng: np.random.Generator) -> tuple[tuple[LightSpec, ...], floa
     return tuple(lights), _u(rng, 0.12, 0.35), _u(rng, 0.1, 0.35)
 
 
-def _muted_rgb(rng: np.random.Generator) -> tuple[float, float, float]:
+def _muted_rgb(rng: np.random.Generator) -> tuple[float, ...]:
     r, g, b = colorsys.hsv_to_rgb(_u(rng, 0.0, 1.0), _u(rng, 0.0, 0.5), _u(rng, 0.3, 0.9))
     return (r, g, b)
 
@@ -162,11 +162,11 @@ def place_objects(rng: np.random.Generator, classes: Sequence[str], camera: Came
                 xy = np.asarray(other.xy) + gap * away + _u(rng, -0.6, 0.6) * gap * side
                 if abs(xy[0]) > TABLE_HALF[0] - 0.06 or abs(xy[1]) > TABLE_HALF[1] - 0.06:
                     continue
-                cand = (float(xy[0]), float(xy[1]))
+                cand: tuple[float, float] | None = (float(xy[0]), float(xy[1]))
             else:
                 cand = _table_point(rng, camera, size)
-                if cand is None:
-                    continue
+            if cand is None:
+                continue
             if all(math.dist(cand, o.xy) >= 0.9 * (radius + o.footprint_radius())
                    for o in placed):
                 placed.append(ObjectSpec(template.name, cls, template.geoms, template.rot,

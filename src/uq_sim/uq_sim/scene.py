@@ -25,6 +25,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 os.environ.setdefault('MUJOCO_GL', 'egl')
 
@@ -65,8 +66,8 @@ _RND = mujoco.mjtRndFlag
 class CameraSpec:
     """The robot's camera: position, the point it looks at, roll and vertical fov."""
 
-    pos: tuple[float, float, float] = (0.0, -0.52, 0.46)
-    target: tuple[float, float, float] = (0.0, 0.06, 0.0)
+    pos: tuple[float, ...] = (0.0, -0.52, 0.46)
+    target: tuple[float, ...] = (0.0, 0.06, 0.0)
     roll: float = 0.0
     fovy: float = 45.0
 
@@ -79,9 +80,9 @@ class CameraSpec:
 class LightSpec:
     """A light aimed at ``target``; directional lights ignore the distance."""
 
-    pos: tuple[float, float, float]
-    target: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    diffuse: tuple[float, float, float] = (0.6, 0.6, 0.6)
+    pos: tuple[float, ...]
+    target: tuple[float, ...] = (0.0, 0.0, 0.0)
+    diffuse: tuple[float, ...] = (0.6, 0.6, 0.6)
     specular: float = 0.2
     directional: bool = True
     castshadow: bool = True
@@ -92,22 +93,22 @@ class TableSpec:
     """Appearance of the table top, the floor and the background."""
 
     texture: TextureKind = TextureKind.CHECKER
-    rgb: tuple[float, float, float] = (0.62, 0.55, 0.45)
-    rgb2: tuple[float, float, float] = (0.55, 0.48, 0.4)
+    rgb: tuple[float, ...] = (0.62, 0.55, 0.45)
+    rgb2: tuple[float, ...] = (0.55, 0.48, 0.4)
     repeat: float = 6.0
-    floor_rgb: tuple[float, float, float] = (0.3, 0.3, 0.32)
-    sky_rgb1: tuple[float, float, float] = (0.75, 0.78, 0.8)
-    sky_rgb2: tuple[float, float, float] = (0.35, 0.38, 0.42)
+    floor_rgb: tuple[float, ...] = (0.3, 0.3, 0.32)
+    sky_rgb1: tuple[float, ...] = (0.75, 0.78, 0.8)
+    sky_rgb2: tuple[float, ...] = (0.35, 0.38, 0.42)
 
 
 @dataclass(frozen=True)
 class GripperSpec:
     """A two-finger gripper on a mocap body; ``pos`` is the point between the fingertips."""
 
-    pos: tuple[float, float, float] = (0.32, -0.18, 0.3)
+    pos: tuple[float, ...] = (0.32, -0.18, 0.3)
     yaw: float = 0.0
     opening: float = 0.035
-    rgb: tuple[float, float, float] = (0.55, 0.57, 0.6)
+    rgb: tuple[float, ...] = (0.55, 0.57, 0.6)
 
 
 @dataclass(frozen=True)
@@ -402,8 +403,9 @@ class SceneRenderer:
         self._option = mujoco.MjvOption()
         self._camera = mujoco.MjvCamera()
         self._spec: SceneSpec | None = None
-        self.model: mujoco.MjModel | None = None
-        self.data: mujoco.MjData | None = None
+        # Any: MuJoCo ships no type stubs; both are set by load().
+        self.model: Any = None
+        self.data: Any = None
 
     # -- lifecycle ------------------------------------------------------------------
 
