@@ -25,6 +25,7 @@ setup(
         # `uq bench gp`), the value a function that fills an argparse parser.
         'uq.commands': [
             'bench.gp = uq_perception.gp_benchmark:configure',
+            'bench.mnist = uq_perception.mnist_benchmark:configure',
             'bench.node = uq_perception.node_benchmark:configure',
             'build-engine = uq_perception.engine_build:configure',
         ],
