@@ -1139,7 +1139,8 @@ class LastLayerNTKGP:
             try:
                 with os.fdopen(fd, 'wb') as handle:
                     arrays['meta'] = np.array(json.dumps(meta))
-                    np.savez(handle, **arrays)
+                    savez: Any = np.savez
+                    savez(handle, **arrays)
                     handle.flush()
                     os.fsync(handle.fileno())
                 os.replace(tmp, target)

@@ -1,0 +1,126 @@
+"""The two exact NTK-GP forms agree with each other and with a brute-force GP (float64)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from uq_perception.ntk_function_space import FunctionSpaceNTKGP, ParameterSubset, centred_basis
+from uq_perception.ntk_gp import Gating, LastLayerNTKGP, NTKGPConfig, log_marginal_likelihood
+
+D, C, N = 5, 3, 48
+
+
+def _relative(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-300)))
+
+
+@pytest.fixture(scope='module')
+def problem():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, D), nn.Tanh(), nn.Linear(D, C)).double().eval()
+    with torch.no_grad():
+        model[2].weight.mul_(4.0)
+    inputs = torch.randn(N, 4, dtype=torch.float64)
+    queries = torch.cat([torch.randn(5, 4, dtype=torch.float64),
+                         3.0 * torch.randn(3, 4, dtype=torch.float64)])
+    with torch.no_grad():
+        feats = model[1](model[0](inputs)).numpy()
+        query_feats = model[1](model[0](queries)).numpy()
+        logits = model(inputs).numpy()
+    rng = np.random.default_rng(1)
+    labels = np.argmax(logits + 0.7 * rng.standard_normal(logits.shape), axis=1)
+    head = (model[2].weight.detach().numpy(), model[2].bias.detach().numpy())
+    return model, inputs, queries, feats, query_feats, labels, head
+
+
+def _brute_force_variance(feats, query_feats, sigma2, delta):
+    """k** - k*^T (K + sigma^2 I)^{-1} k* with k = (phi^T phi' + 1) / delta, dense solve."""
+    kernel = (feats @ feats.T + 1.0) / delta
+    cross = (feats @ query_feats.T + 1.0) / delta
+    prior = ((query_feats * query_feats).sum(1) + 1.0) / delta
+    solved = np.linalg.solve(kernel + sigma2 * np.eye(len(feats)), cross)
+    return prior - (cross * solved).sum(0)
+
+
+@pytest.mark.parametrize('config', [NTKGPConfig(), NTKGPConfig(num_experts=2),
+                                    NTKGPConfig(gating=Gating.CLASS)],
+                         ids=['m1', 'kmeans2', 'class'])
+def test_weight_and_function_space_agree_with_brute_force(problem, config):
+    model, inputs, queries, feats, query_feats, labels, head = problem
+    weight_space = LastLayerNTKGP(*head, config).fit(feats, labels)
+    function_space = FunctionSpaceNTKGP(model, config=config).fit(inputs, labels)
+    # Hyperparameters come from the same evidence, maximised separately by each form.
+    np.testing.assert_allclose(function_space.sigma2, weight_space.sigma2, rtol=1e-6)
+    np.testing.assert_allclose(function_space.delta, weight_space.delta, rtol=1e-6)
+    ws = weight_space.predict(query_feats)
+    fs = function_space.predict(queries)
+    np.testing.assert_array_equal(fs.expert_id, ws.expert_id)
+    assert _relative(fs.gp_variance, ws.gp_variance) < 1e-6
+    assert _relative(fs.class_variance, ws.class_variance) < 1e-6
+    _, cov, _ = function_space.predict_covariance(queries)
+    off_diagonal = cov - np.einsum('bc,cd->bcd', np.diagonal(cov, axis1=1, axis2=2), np.eye(C))
+    assert np.abs(off_diagonal).max() < 1e-9 * ws.gp_variance.max()
+    np.testing.assert_allclose(fs.mutual_information, ws.mutual_information, atol=1e-9)
+    np.testing.assert_allclose(fs.probabilities, ws.probabilities, atol=1e-9)
+    # Brute force per expert, on that expert's training points.
+    routed = ws.expert_id
+    train_routes = weight_space.predict(feats).expert_id
+    for e in np.unique(routed):
+        rows = routed == e
+        brute = _brute_force_variance(feats[train_routes == e], query_feats[rows],
+                                      weight_space.sigma2[e], weight_space.delta[e])
+        assert _relative(ws.gp_variance[rows], brute) < 1e-6
+
+
+def test_function_space_over_all_parameters_matches_brute_force(problem):
+    model, inputs, queries, _, _, labels, _ = problem
+    sigma2, delta = 0.3, 2.0
+    gp = FunctionSpaceNTKGP(model, ParameterSubset.ALL).fit(
+        inputs[:20], labels[:20], hyperparameters=(sigma2, delta))
+    _, cov, _ = gp.predict_covariance(queries)
+    params = tuple(p.detach().clone() for p in model.parameters())
+
+    def jac_of(x):
+        def out(*ps):
+            state = dict(zip([n for n, _ in model.named_parameters()], ps, strict=True))
+            return torch.func.functional_call(model, state, (x[None],))[0]
+        parts = torch.autograd.functional.jacobian(out, params)
+        return torch.cat([p.reshape(C, -1) for p in parts], dim=1).numpy()
+
+    train = np.concatenate([jac_of(x) for x in inputs[:20]])
+    kernel = train @ train.T / delta + sigma2 * np.eye(len(train))
+    for b, x in enumerate(queries):
+        jq = jac_of(x)
+        cross = jq @ train.T / delta
+        brute = jq @ jq.T / delta - cross @ np.linalg.solve(kernel, cross.T)
+        assert np.abs(cov[b] - brute).max() < 1e-6 * np.abs(brute).max()
+    # Hidden-layer parameters couple the classes.
+    assert np.abs(cov[:, 0, 1]).max() > 1e-6 * np.abs(cov[:, 0, 0]).max()
+
+
+def test_closed_form_evidence_matches_dense_gaussian_and_is_maximised(problem):
+    _, _, _, feats, _, labels, head = problem
+    gp = LastLayerNTKGP(*head).fit(feats, labels)
+    sigma2, delta = float(gp.sigma2[0]), float(gp.delta[0])
+    phi = np.hstack([feats, np.ones((N, 1))])
+    q = centred_basis(C)
+    targets = (np.eye(C)[labels] - 1.0 / C) @ q
+    cov = phi @ phi.T / delta + sigma2 * np.eye(N)
+    _, logdet = np.linalg.slogdet(cov)
+    dense = sum(-0.5 * (t @ np.linalg.solve(cov, t) + logdet + N * math.log(2 * math.pi))
+                for t in targets.T)
+    assert gp.log_marginal_likelihood() == pytest.approx(dense, rel=1e-9)
+    best = gp.log_marginal_likelihood()
+    for fs in (0.9, 1.1):
+        assert gp.log_marginal_likelihood(sigma2=sigma2 * fs) < best
+        assert gp.log_marginal_likelihood(delta=delta * fs) < best
+    # Stationary: central differences of the evidence in log-space vanish.
+    step = 1e-4
+    for kw, value in (('sigma2', sigma2), ('delta', delta)):
+        up = gp.log_marginal_likelihood(**{kw: value * math.exp(step)})
+        down = gp.log_marginal_likelihood(**{kw: value * math.exp(-step)})
+        assert abs(up - down) / (2 * step) < 1e-4 * abs(best)
+    assert log_marginal_likelihood([], sigma2, delta) == 0.0
