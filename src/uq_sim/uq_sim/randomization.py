@@ -163,8 +163,11 @@ def place_objects(rng: np.random.Generator, classes: Sequence[str], camera: Came
                 if abs(xy[0]) > TABLE_HALF[0] - 0.06 or abs(xy[1]) > TABLE_HALF[1] - 0.06:
                     continue
                 cand: tuple[float, float] | None = (float(xy[0]), float(xy[1]))
-            else:
+            elif rng.random() < 0.12:
+                # Anywhere, also across the border: some objects are truncated.
                 cand = _table_point(rng, camera, size)
+            else:
+                cand = _table_point(rng, camera, size, u_range=(0.1, 0.9), v_range=(0.25, 0.9))
             if cand is None:
                 continue
             if all(math.dist(cand, o.xy) >= 0.9 * (radius + o.footprint_radius())
