@@ -454,7 +454,8 @@ def summarise_gaussian_logits(mean: np.ndarray, gp_class_variance: np.ndarray,
     mean : np.ndarray
         ``(B, C)`` logit means ``mu``.
     gp_class_variance : np.ndarray
-        ``(B, C)`` GP variance per class ``sigma_c^2``.
+        ``(B, C)`` GP variance per class ``sigma_c^2``, or ``(B, 1)`` when all classes
+        share it.
     draws : np.ndarray
         ``(S, C)`` fixed standard normal draws.
     probit_lambda, temperature : float
@@ -472,21 +473,24 @@ def summarise_gaussian_logits(mean: np.ndarray, gp_class_variance: np.ndarray,
     scale = math.sqrt(8.0 * probit_lambda / math.pi)
     adjusted = mean / np.sqrt(temperature * temperature + probit_lambda * gp_class_variance)
     probabilities = _softmax(adjusted)
+    # Layout (B, C, S): reductions over classes then run over contiguous rows of draws.
+    draws_t = np.ascontiguousarray(draws.T)
     if covariance is None:
-        deviation = draws[None] * (scale * np.sqrt(gp_class_variance))[:, None, :]
+        z = mean[:, :, None] + draws_t[None] * (scale * np.sqrt(gp_class_variance))[:, :, None]
     else:
         factor = np.linalg.cholesky(covariance + 1e-12 * np.eye(covariance.shape[-1])
                                     * np.maximum(np.trace(covariance, axis1=1, axis2=2),
                                                  1e-300)[:, None, None])
-        deviation = scale * np.einsum('sc,bdc->bsd', draws, factor)
-    z = (mean[:, None, :] + deviation) / temperature
-    z -= z.max(axis=2, keepdims=True)
-    expz = np.exp(z)
-    norm = expz.sum(axis=2, keepdims=True)
-    p = expz / norm
-    log_p = z - np.log(norm)
-    expected = -(p * log_p).sum(axis=2).mean(axis=1)
-    p_bar = p.mean(axis=1)
+        z = mean[:, :, None] + scale * (factor @ draws_t)
+    if temperature != 1.0:
+        z /= temperature
+    z -= z.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    norm = p.sum(axis=1)
+    p /= norm[:, None, :]
+    # H[softmax(z)] = log sum exp(z) - sum_c p_c z_c
+    expected = (np.log(norm) - np.einsum('bcs,bcs->bs', p, z)).mean(axis=1)
+    p_bar = p.mean(axis=2)
     total = -(p_bar * np.log(np.maximum(p_bar, np.finfo(np.float64).tiny))).sum(axis=1)
     # The difference is >= 0 by concavity; max() only removes floating-point round-off.
     mutual = np.maximum(total - expected, 0.0)
@@ -934,11 +938,19 @@ class LastLayerNTKGP:
         if self.num_experts == 1:
             variance = np.einsum('ij,ij->i', phi @ self._covariance[0], phi)
         else:
+            # One matrix product per expert present, on rows sorted by expert.
+            order = np.argsort(expert, kind='stable')
+            counts = np.bincount(expert, minlength=self.num_experts)
+            sorted_phi = phi[order]
+            sorted_var = np.empty(b)
+            start = 0
+            for e in np.flatnonzero(counts):
+                stop = start + counts[e]
+                sub = sorted_phi[start:stop]
+                sorted_var[start:stop] = np.einsum('ij,ij->i', sub @ self._covariance[e], sub)
+                start = stop
             variance = np.empty(b)
-            for e in np.unique(expert):
-                rows = np.flatnonzero(expert == e)
-                sub = phi[rows]
-                variance[rows] = np.einsum('ij,ij->i', sub @ self._covariance[e], sub)
+            variance[order] = sorted_var
         # A^{-1} is PSD, so negatives can only be round-off.
         np.maximum(variance, 0.0, out=variance)
         return full, variance, expert
@@ -973,9 +985,9 @@ class LastLayerNTKGP:
                 draws = antithetic_normal_draws(self.config.entropy_samples, c,
                                                 self.config.seed)
                 self._draws[c] = draws
-            class_variance = np.repeat(variance[:, None], c, axis=1)
             probs, total, expected, mutual = summarise_gaussian_logits(
-                mean, class_variance, draws, self.probit_lambda, self.temperature)
+                mean, variance[:, None], draws, self.probit_lambda, self.temperature)
+            class_variance = np.repeat(variance[:, None], c, axis=1)
             threshold = self.ood_threshold
             ood = variance > threshold if threshold is not None \
                 else np.zeros(len(variance), dtype=bool)
