@@ -46,8 +46,9 @@ def _brute_force_variance(feats, query_feats, sigma2, delta):
 
 
 @pytest.mark.parametrize('config', [NTKGPConfig(), NTKGPConfig(num_experts=2),
+                                    NTKGPConfig(num_experts=2, shared_noise=False),
                                     NTKGPConfig(gating=Gating.CLASS)],
-                         ids=['m1', 'kmeans2', 'class'])
+                         ids=['m1', 'kmeans2', 'kmeans2-own-noise', 'class'])
 def test_weight_and_function_space_agree_with_brute_force(problem, config):
     model, inputs, queries, feats, query_feats, labels, head = problem
     weight_space = LastLayerNTKGP(*head, config).fit(feats, labels)
@@ -124,3 +125,23 @@ def test_closed_form_evidence_matches_dense_gaussian_and_is_maximised(problem):
         down = gp.log_marginal_likelihood(**{kw: value * math.exp(-step)})
         assert abs(up - down) / (2 * step) < 1e-4 * abs(best)
     assert log_marginal_likelihood([], sigma2, delta) == 0.0
+
+
+def test_shared_noise_maximises_the_summed_expert_evidence(problem):
+    _, _, _, feats, _, labels, head = problem
+    gp = LastLayerNTKGP(*head, NTKGPConfig(num_experts=2, kmeans_samples=N)).fit(feats, labels)
+    assert gp.sigma2[0] == gp.sigma2[1] and gp.delta[0] != gp.delta[1]
+
+    def total(scale_sigma2=1.0, scale_delta=(1.0, 1.0)):
+        return sum(gp.log_marginal_likelihood(e, sigma2=gp.sigma2[e] * scale_sigma2,
+                                              delta=gp.delta[e] * scale_delta[e])
+                   for e in range(2))
+
+    best = total()
+    for f in (0.95, 1.05):
+        assert total(scale_sigma2=f) < best
+        assert total(scale_delta=(f, 1.0)) < best
+        assert total(scale_delta=(1.0, f)) < best
+    own = LastLayerNTKGP(*head, NTKGPConfig(num_experts=2, shared_noise=False)).fit(feats, labels)
+    for e in range(2):
+        assert own.log_marginal_likelihood(e) >= gp.log_marginal_likelihood(e) - 1e-9

@@ -17,8 +17,9 @@ Gating and hyperparameters follow the weight-space engine: k-means on the input 
 model's last ``nn.Linear`` (or a given feature function) or the predicted class; ``(sigma^2,
 delta)`` maximise the closed-form evidence of the centred one-hot targets, observed in an
 orthonormal basis ``Q`` of the centred subspace (``C - 1`` coordinates per point, kernel
-``Q^T k Q``), per expert when the expert has at least ``P / C`` points (parameters per
-class) and two labels, otherwise pooled over all experts' points. The cost is
+``Q^T k Q``), per expert by the same policy as the weight-space engine
+(:func:`uq_perception.ntk_gp.fit_expert_hyperparameters`, ``P / C`` parameters per class
+standing for ``D + 1``). The cost is
 O((N_m C)^3) per expert and the training Jacobians are kept, so expert size is capped
 (``max_system_size`` rows ``N_m C``; larger experts are subsampled uniformly, with a
 warning); use the weight-space engine for large data.
@@ -42,7 +43,7 @@ from uq_perception.ntk_gp import (
     SpectralEvidence,
     UncertaintyOutput,
     antithetic_normal_draws,
-    fit_marginal_likelihood,
+    fit_expert_hyperparameters,
     kmeans,
     spd_inverse,
     summarise_gaussian_logits,
@@ -255,15 +256,14 @@ class FunctionSpaceNTKGP:
         for expert in self._experts:
             jac = np.einsum('ck,ncp->nkp', q, expert['jac']).reshape(-1, self.num_parameters)
             projected.append((jac, (expert['targets'] @ q).reshape(-1)))
-        pooled = fit_marginal_likelihood([_evidence(np.concatenate([j for j, _ in projected]),
-                                                    np.concatenate([t for _, t in projected]))])
-        self.sigma2, self.delta = np.full(m, pooled[0]), np.full(m, pooled[1])
-        per_class = self.num_parameters // q.shape[0]
-        for e, (jac, t) in enumerate(projected):
-            labels = self._experts[e]['labels']
-            if labels.size >= per_class and np.unique(labels).size >= 2:
-                self.sigma2[e], self.delta[e] = fit_marginal_likelihood([_evidence(jac, t)],
-                                                                        init=pooled)
+        blocks = [_evidence(j, t) if len(t) else
+                  SpectralEvidence(np.zeros(0), np.zeros(0), 0.0, 0, 1) for j, t in projected]
+        pooled = _evidence(np.concatenate([j for j, _ in projected]),
+                           np.concatenate([t for _, t in projected]))
+        self.sigma2, self.delta, _ = fit_expert_hyperparameters(
+            blocks, pooled, [len(e['labels']) for e in self._experts],
+            [np.unique(e['labels']).size for e in self._experts],
+            self.num_parameters // q.shape[0], self.config.shared_noise)
 
     # ------------------------------------------------------------------ query
 
