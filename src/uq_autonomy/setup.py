@@ -18,8 +18,10 @@ setup(
     license='Apache-2.0',
     entry_points={
         'console_scripts': [
+            'arbitration_node = uq_autonomy.arbitration_node:main',
         ],
         'uq.commands': [
+            'bench.arbitration = uq_autonomy.bench_arbitration:configure',
         ],
     },
 )

@@ -1,0 +1,367 @@
+"""The arbitration node over real DDS: real rclpy nodes in one process on a private domain,
+a MultiThreadedExecutor, the node's real topics, service and parameter services.
+
+Covers: uncertainty low/high drives AutonomyState and cmd_vel; silence drops to
+teleoperation within deadline + one period (measured and printed); the override service
+applies, refuses and expires; an operator timeout zeroes the command at levels 0-2; broken
+DetectionArray messages force teleoperation with a reason; parameter changes are validated.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray
+from geometry_msgs.msg import Twist
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.node import Node
+from rclpy.parameter import Parameter
+from rclpy.parameter_client import AsyncParameterClient
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+
+from uq_autonomy.arbitration_node import ArbitrationNode, ConfigurationError
+from uq_msgs.msg import AutonomyState, Detection, DetectionArray
+from uq_msgs.srv import SetAutonomyOverride
+
+DOMAIN_ID = 41
+TIMEOUT_S = 10.0
+STREAM_PERIOD_S = 0.05
+# Extra allowance on top of deadline + period for a loaded 2-core machine.
+SCHEDULING_MARGIN_S = 0.3
+
+OPERATOR = (0.02, 0.0, 0.0, 0.0, 0.0, 0.01)  # inside the 0.05 dead-band
+AUTONOMY = (0.4, 0.0, 0.0, 0.0, 0.0, -0.2)
+TELEOP, GUIDED, SHARED, ASSIST = 0, 1, 2, 3
+
+
+@pytest.fixture(scope='module')
+def context() -> Iterator[Any]:
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx, domain_id=DOMAIN_ID)
+    try:
+        yield ctx
+    finally:
+        ctx.try_shutdown()
+
+
+def twist(values: tuple[float, ...]) -> Twist:
+    msg = Twist()
+    msg.linear.x, msg.linear.y, msg.linear.z = values[:3]
+    msg.angular.x, msg.angular.y, msg.angular.z = values[3:]
+    return msg
+
+
+def as_tuple(msg: Twist) -> tuple[float, ...]:
+    return (msg.linear.x, msg.linear.y, msg.linear.z, msg.angular.x, msg.angular.y,
+            msg.angular.z)
+
+
+def frame(gp_variance: float, **overrides: Any) -> DetectionArray:
+    msg = DetectionArray()
+    msg.class_names = ['cup', 'box']
+    d = Detection()
+    d.class_id, d.class_index, d.score, d.track_id = 'cup', 0, 0.9, 3
+    d.class_probabilities = [0.7, 0.3]
+    d.center_x, d.center_y, d.width, d.height = 320.0, 240.0, 40.0, 30.0
+    d.uncertainty.gp_variance = gp_variance
+    d.uncertainty.mutual_information = 0.01
+    for name, value in overrides.items():
+        setattr(d, name, value)
+    msg.detections = [d]
+    msg.uncertainty = d.uncertainty
+    return msg
+
+
+class Harness:
+    """The node under test plus a peer node that streams inputs and records outputs."""
+
+    def __init__(self, context: Any, params: dict[str, Any], reliable_detections: bool = False):
+        self.node = ArbitrationNode(
+            context=context,
+            parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
+        self.peer = Node('arbitration_test_peer', context=context)
+        self.lock = threading.Condition()
+        self.states: list[tuple[float, AutonomyState]] = []
+        self.cmds: list[tuple[float, tuple[float, ...]]] = []
+        self.diagnostics: list[DiagnosticArray] = []
+        # Inputs streamed by the peer's timer; None stops a stream.
+        self.frame: DetectionArray | None = None
+        self.operator: tuple[float, ...] | None = None
+        self.autonomy: tuple[float, ...] | None = None
+        self.last_frame_sent = math.nan
+
+        reliability = ReliabilityPolicy.RELIABLE if reliable_detections \
+            else ReliabilityPolicy.BEST_EFFORT
+        self.det_pub = self.peer.create_publisher(
+            DetectionArray, 'detections', QoSProfile(depth=5, reliability=reliability))
+        self.op_pub = self.peer.create_publisher(Twist, 'operator/cmd_vel', 10)
+        self.auto_pub = self.peer.create_publisher(Twist, 'autonomy/cmd_vel', 10)
+        self.peer.create_subscription(
+            AutonomyState, 'autonomy_state', self._on_state,
+            QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE,
+                       durability=DurabilityPolicy.TRANSIENT_LOCAL))
+        self.peer.create_subscription(Twist, 'cmd_vel', self._on_cmd, QoSProfile(
+            depth=100, reliability=ReliabilityPolicy.RELIABLE))
+        self.peer.create_subscription(DiagnosticArray, '/diagnostics', self._on_diag, 10)
+        self.override = self.peer.create_client(SetAutonomyOverride, 'set_autonomy_override')
+        self.peer.create_timer(STREAM_PERIOD_S, self._stream)
+
+        self.executor = MultiThreadedExecutor(num_threads=4, context=context)
+        self.executor.add_node(self.node)
+        self.executor.add_node(self.peer)
+        self._spinning = threading.Event()
+        self._spinning.set()
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+        self._thread.start()
+        self.wait(lambda: self.det_pub.get_subscription_count() > 0 and self.states,
+                  'discovery of the node')
+
+    def _spin(self) -> None:
+        while self._spinning.is_set():
+            self.executor.spin_once(timeout_sec=0.05)
+
+    def _stream(self) -> None:
+        if self.frame is not None:
+            self.det_pub.publish(self.frame)
+            self.last_frame_sent = time.monotonic()
+        if self.operator is not None:
+            self.op_pub.publish(twist(self.operator))
+        if self.autonomy is not None:
+            self.auto_pub.publish(twist(self.autonomy))
+
+    def _on_state(self, msg: AutonomyState) -> None:
+        with self.lock:
+            self.states.append((time.monotonic(), msg))
+            self.lock.notify_all()
+
+    def _on_cmd(self, msg: Twist) -> None:
+        with self.lock:
+            self.cmds.append((time.monotonic(), as_tuple(msg)))
+            self.lock.notify_all()
+
+    def _on_diag(self, msg: DiagnosticArray) -> None:
+        with self.lock:
+            self.diagnostics.append(msg)
+            self.lock.notify_all()
+
+    def wait(self, predicate: Callable[[], Any], what: str, timeout: float = TIMEOUT_S) -> Any:
+        end = time.monotonic() + timeout
+        with self.lock:
+            while True:
+                result = predicate()
+                if result:
+                    return result
+                left = end - time.monotonic()
+                if left <= 0:
+                    last = self.states[-1][1] if self.states else None
+                    raise AssertionError(f'timed out waiting for {what}; last state: {last}')
+                self.lock.wait(min(left, 0.05))
+
+    def wait_state(self, predicate: Callable[[AutonomyState], bool], what: str,
+                   since: int = 0, timeout: float = TIMEOUT_S) -> tuple[float, AutonomyState]:
+        def find() -> tuple[float, AutonomyState] | None:
+            return next(((t, s) for t, s in self.states[since:] if predicate(s)), None)
+        return self.wait(find, what, timeout)
+
+    def wait_cmd(self, expected: tuple[float, ...], what: str, since_t: float = 0.0,
+                 timeout: float = TIMEOUT_S) -> float:
+        def find() -> float | None:
+            return next((t for t, c in self.cmds if t >= since_t and c == pytest.approx(
+                expected, abs=1e-6)), None)
+        return self.wait(find, what, timeout)
+
+    def mark(self) -> int:
+        with self.lock:
+            return len(self.states)
+
+    def call_override(self, level: int, duration_s: float) -> SetAutonomyOverride.Response:
+        assert self.override.wait_for_service(timeout_sec=TIMEOUT_S)
+        request = SetAutonomyOverride.Request(level=level)
+        request.duration.sec = int(duration_s)
+        request.duration.nanosec = int(round((duration_s - int(duration_s)) * 1e9))
+        future = self.override.call_async(request)
+        self.wait(future.done, f'override service response to level {level}')
+        return future.result()
+
+    def close(self) -> None:
+        self._spinning.clear()
+        self._thread.join(timeout=5.0)
+        # Jazzy's Executor.shutdown() does not wait for handlers already handed to the
+        # thread pool; let them finish before their nodes are destroyed.
+        pool = getattr(self.executor, '_executor', None)
+        if pool is not None:
+            pool.shutdown(wait=True)
+        self.executor.shutdown()
+        self.peer.destroy_node()
+        self.node.destroy_node()
+
+
+@pytest.fixture
+def harness(context: Any) -> Iterator[Callable[..., Harness]]:
+    made: list[Harness] = []
+
+    def make(reliable_detections: bool = False, **params: Any) -> Harness:
+        made.append(Harness(context, params, reliable_detections))
+        return made[-1]
+
+    yield make
+    for h in made:
+        h.close()
+
+
+def test_low_and_high_uncertainty_drive_state_and_cmd_vel(harness):
+    h = harness(min_dwell_s=0.1, decision_period_s=0.02, diagnostics_period_s=0.2)
+    h.operator, h.autonomy = OPERATOR, AUTONOMY
+    start = h.mark()
+    h.frame = frame(0.05)  # below every up threshold (1.0, 0.5, 0.25)
+    _, state = h.wait_state(lambda s: s.level == ASSIST, 'assistance')
+    seen = [s for _, s in h.states[start - 1:]]  # from the last state before the stream
+    # Published transitions: one level at a time, upward, each with its reason.
+    changes = [(a.level, b) for a, b in zip(seen, seen[1:], strict=False) if a.level != b.level]
+    assert [(a, b.level) for a, b in changes] == [(0, 1), (1, 2), (2, 3)]
+    assert all(b.previous_level == a and 'below up threshold' in b.reason for a, b in changes)
+    assert state.level_name == 'assistance' and state.previous_level == SHARED
+    assert 'below up threshold 0.25' in state.reason and not state.perception_stale
+    assert state.uncertainty == pytest.approx(0.05) and state.uncertainty_signal == 'gp_variance'
+    assert list(state.up_thresholds) == pytest.approx([1.0, 0.5, 0.25])
+    assert list(state.down_thresholds) == pytest.approx([2.0, 1.0, 0.5])
+    # Assistance: the autonomy's command (the operator's stays inside the dead-band).
+    h.wait_cmd(AUTONOMY, 'autonomy command on cmd_vel', since_t=time.monotonic())
+
+    mark = h.mark()
+    h.frame = frame(5.0)  # above down[0] = 2.0
+    _, state = h.wait_state(lambda s: s.level == TELEOP, 'teleoperation', since=mark)
+    assert state.previous_level == ASSIST and 'above down threshold 2' in state.reason
+    assert not state.perception_stale
+    h.wait_cmd(OPERATOR, 'operator command on cmd_vel', since_t=time.monotonic())
+    diag = h.wait(lambda: next((d for d in h.diagnostics for s in d.status
+                                if 'arbitration' in s.name), None), 'diagnostics')
+    keys = {kv.key for kv in diag.status[0].values}
+    assert {'level', 'decision_latency_p99_ms', 'perception_stale'} <= keys
+
+
+def test_silence_drops_to_teleoperation_within_deadline_plus_period(harness):
+    deadline, period = 0.3, 0.05
+    h = harness(min_dwell_s=0.05, perception_deadline_s=deadline, decision_period_s=period)
+    h.operator = OPERATOR
+    h.frame = frame(0.05)
+    h.wait_state(lambda s: s.level == ASSIST, 'assistance')
+    mark = h.mark()
+    h.frame = None  # the perception publisher stops
+    received, state = h.wait_state(lambda s: s.level == TELEOP, 'fall-back', since=mark)
+    reaction = received - h.last_frame_sent
+    print(f'\nstale fall-back: {reaction * 1e3:.1f} ms after the last DetectionArray '
+          f'(deadline {deadline * 1e3:.0f} ms + period {period * 1e3:.0f} ms)')
+    assert state.perception_stale and 'perception stale' in state.reason
+    assert state.previous_level == ASSIST and math.isnan(state.uncertainty)
+    # Not early (the deadline is honoured), and not late beyond deadline + one period.
+    assert deadline <= reaction <= deadline + period + SCHEDULING_MARGIN_S
+    h.wait_cmd(OPERATOR, 'operator command after the fall-back', since_t=received)
+
+
+def test_override_service_applies_refuses_and_expires(harness):
+    h = harness(min_dwell_s=10.0)
+    h.frame = frame(1.5)  # between up[0] and down[0]: teleoperation holds on its own
+    h.wait_state(lambda s: not s.perception_stale, 'fresh perception')
+    response = h.call_override(7, 1.0)
+    assert not response.success and 'level must be' in response.message
+
+    mark = h.mark()
+    response = h.call_override(ASSIST, 0.8)
+    assert response.success, response.message
+    applied, state = h.wait_state(lambda s: s.level == ASSIST, 'override applied', since=mark)
+    assert state.override_active and 'manual override' in state.reason
+    assert state.override_expires.sec > 0
+    # Expiry hands the level back to the signal: 1.5 is above down[2] and down[1] -> guided.
+    expired, state = h.wait_state(lambda s: not s.override_active, 'override expiry',
+                                  since=mark)
+    assert state.level == GUIDED and 'above down threshold 1' in state.reason
+    assert expired - applied >= 0.7
+
+    mark = h.mark()
+    assert h.call_override(SHARED, 0.0).success  # until released
+    h.wait_state(lambda s: s.level == SHARED and s.override_active, 'indefinite override',
+                 since=mark)
+    mark = h.mark()
+    response = h.call_override(-1, 0.0)
+    assert response.success and response.message == 'override released'
+    h.wait_state(lambda s: not s.override_active, 'release', since=mark)
+
+
+def test_operator_timeout_zeroes_the_command_at_levels_0_to_2(harness):
+    h = harness(operator_timeout_s=0.3, min_dwell_s=10.0)
+    h.frame = frame(1.5)
+    h.autonomy = AUTONOMY
+    strong = (0.5, 0.0, 0.0, 0.0, 0.0, 0.3)
+    zero = (0.0,) * 6
+    for level in (TELEOP, GUIDED, SHARED):
+        mark = h.mark()
+        assert h.call_override(level, 0.0).success
+        h.wait_state(lambda s, lv=level: s.level == lv and s.override_active, f'level {level}',
+                     since=mark)
+        h.operator = strong
+        h.wait(lambda: any(c != zero for t, c in h.cmds[-3:]), f'operator at level {level}')
+        h.operator = None  # the operator goes silent
+        stopped = time.monotonic()
+        h.wait_cmd(zero, f'zero command at level {level}', since_t=stopped)
+    # Contrast: at assistance the autonomy keeps driving without an operator.
+    assert h.call_override(ASSIST, 0.0).success
+    h.wait_cmd(AUTONOMY, 'autonomy command at assistance', since_t=time.monotonic())
+
+
+@pytest.mark.parametrize(('broken', 'needle'), [
+    (frame(float('nan')), 'non-finite gp_variance'),
+    (DetectionArray(class_names=['cup', 'box']), 'empty DetectionArray'),
+    (frame(0.05, width=-4.0), 'negative box size'),
+    (frame(0.05, class_index=9), 'class_index 9'),
+], ids=['nan', 'empty', 'negative-size', 'bad-class-index'])
+def test_broken_perception_forces_teleoperation_with_reason(harness, broken, needle):
+    # A reliable perception publisher must be accepted too.
+    h = harness(reliable_detections=True, min_dwell_s=0.05)
+    h.frame = frame(0.05)
+    h.wait_state(lambda s: s.level >= SHARED, 'climb')
+    mark = h.mark()
+    h.frame = broken
+    _, state = h.wait_state(lambda s: s.level == TELEOP, 'fall-back', since=mark)
+    assert state.perception_stale and needle in state.reason, state.reason
+
+
+def test_parameter_changes_are_validated_over_the_parameter_service(harness):
+    h = harness(min_dwell_s=0.05)
+    client = AsyncParameterClient(h.peer, 'arbitration_node')
+    assert client.wait_for_services(timeout_sec=TIMEOUT_S)
+
+    def set_params(*params: Parameter) -> Any:
+        future = client.set_parameters(list(params))
+        h.wait(future.done, 'set_parameters response')
+        return future.result().results
+
+    (result,) = set_params(Parameter('thresholds.gp_variance.up', value=[0.1, 0.5, 0.25]))
+    assert not result.successful and 'strictly decrease' in result.reason
+    assert list(h.node.get_parameter('thresholds.gp_variance.up').value) == [1.0, 0.5, 0.25]
+    (result,) = set_params(Parameter('blend_alpha_min', value=0.9))  # > blend_alpha_max 0.8
+    assert not result.successful and 'blend_alpha_min <= blend_alpha_max' in result.reason
+    (result,) = set_params(Parameter('decision_period_s', value=0.1))
+    assert not result.successful  # read-only: sizes the timer
+
+    mark = h.mark()
+    (result,) = set_params(Parameter('uncertainty_signal', value='mutual_information'))
+    assert result.successful
+    _, state = h.wait_state(lambda s: s.uncertainty_signal == 'mutual_information',
+                            'state with the new signal', since=mark)
+    assert list(state.down_thresholds) == pytest.approx([0.5, 0.3, 0.1])
+
+
+def test_invalid_overrides_refuse_to_construct(context):
+    with pytest.raises(ConfigurationError, match='down\\[0\\] > up\\[0\\]'):
+        ArbitrationNode(context=context, parameter_overrides=[
+            Parameter('thresholds.gp_variance.down', value=[0.9, 0.8, 0.7])])
+    with pytest.raises(ConfigurationError, match='target_class'):
+        ArbitrationNode(context=context, parameter_overrides=[
+            Parameter('driving_detection', value='target_class')])

@@ -1,0 +1,408 @@
+"""Shared-autonomy arbitration node: perception uncertainty gates the robot's level of autonomy.
+
+Thin ROS 2 adapter around :class:`uq_autonomy.arbiter.Arbiter` (all decisions live there).
+
+Subscribes
+    ``detections`` (uq_msgs/DetectionArray, best-effort: accepts best-effort and reliable
+    publishers), ``operator/cmd_vel`` and ``autonomy/cmd_vel`` (geometry_msgs/Twist,
+    best-effort, depth 1).
+Publishes
+    ``cmd_vel`` (geometry_msgs/Twist, reliable) every decision period and at once on a level
+    change; ``autonomy_state`` (uq_msgs/AutonomyState, reliable + transient-local) on every
+    change and as a heartbeat; ``/diagnostics`` (diagnostic_msgs/DiagnosticArray).
+Serves
+    ``set_autonomy_override`` (uq_msgs/SetAutonomyOverride).
+
+Deadlines and timers run on the steady clock, so the fail-safe keeps its promise under
+simulated time and clock jumps; message stamps use the node's (ROS) clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from geometry_msgs.msg import Twist
+from rcl_interfaces.msg import (
+    FloatingPointRange,
+    IntegerRange,
+    ParameterDescriptor,
+    ParameterType,
+    SetParametersResult,
+)
+from rclpy.clock import Clock, ClockType
+from rclpy.duration import Duration
+from rclpy.exceptions import ParameterException
+from rclpy.executors import ExternalShutdownException
+from rclpy.node import Node
+from rclpy.parameter import Parameter
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.utilities import remove_ros_args
+
+from uq_autonomy.arbiter import Arbiter, ArbiterState, DetectionSummary, Level, Step
+from uq_autonomy.arbitration_params import NODE_NAME, PARAMETERS, ParamSpec, config_from_values
+from uq_autonomy.latency import LatencyWindow
+from uq_msgs.msg import AutonomyState, DetectionArray
+from uq_msgs.srv import SetAutonomyOverride
+
+# Perception is sensor-like: a best-effort reader matches both best-effort and reliable
+# writers, and a stale frame is worth nothing, so a short queue.
+PERCEPTION_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=5,
+                            reliability=ReliabilityPolicy.BEST_EFFORT,
+                            durability=DurabilityPolicy.VOLATILE)
+# Input commands: only the latest matters; best-effort accepts either kind of publisher.
+COMMAND_IN_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
+                            reliability=ReliabilityPolicy.BEST_EFFORT,
+                            durability=DurabilityPolicy.VOLATILE)
+COMMAND_OUT_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
+                             reliability=ReliabilityPolicy.RELIABLE,
+                             durability=DurabilityPolicy.VOLATILE)
+# Latched state; a history of 10 so a burst of transitions is not overwritten before the
+# readers acknowledge it. A late joiner with depth 1 gets the current state only.
+STATE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
+                       reliability=ReliabilityPolicy.RELIABLE,
+                       durability=DurabilityPolicy.TRANSIENT_LOCAL)
+
+DETECTIONS_TOPIC = 'detections'
+OPERATOR_TOPIC = 'operator/cmd_vel'
+AUTONOMY_TOPIC = 'autonomy/cmd_vel'
+CMD_VEL_TOPIC = 'cmd_vel'
+STATE_TOPIC = 'autonomy_state'
+OVERRIDE_SERVICE = 'set_autonomy_override'
+
+
+class ConfigurationError(ValueError):
+    """The node's parameters are invalid; it refuses to start."""
+
+
+def _descriptor(spec: ParamSpec) -> ParameterDescriptor:
+    descriptor = ParameterDescriptor(description=spec.description, read_only=spec.read_only,
+                                     additional_constraints=spec.constraints)
+    default = spec.default
+    if isinstance(default, bool):
+        descriptor.type = ParameterType.PARAMETER_BOOL
+    elif isinstance(default, int):
+        descriptor.type = ParameterType.PARAMETER_INTEGER
+        if spec.minimum is not None and spec.maximum is not None:
+            descriptor.integer_range = [IntegerRange(
+                from_value=int(spec.minimum), to_value=int(spec.maximum), step=1)]
+    elif isinstance(default, float):
+        descriptor.type = ParameterType.PARAMETER_DOUBLE
+        if spec.minimum is not None and spec.maximum is not None:
+            descriptor.floating_point_range = [FloatingPointRange(
+                from_value=float(spec.minimum), to_value=float(spec.maximum), step=0.0)]
+    elif isinstance(default, str):
+        descriptor.type = ParameterType.PARAMETER_STRING
+    else:
+        # rclpy checks ranges of scalars only; config_from_values checks list elements.
+        descriptor.type = ParameterType.PARAMETER_DOUBLE_ARRAY
+    return descriptor
+
+
+def _plain(value: Any) -> Any:
+    # Double arrays arrive as array.array or numpy arrays depending on the source.
+    if isinstance(value, str | bool | int | float) or value is None:
+        return value
+    return [float(v) for v in value]
+
+
+def _twist_vector(msg: Twist) -> tuple[float, ...]:
+    return (msg.linear.x, msg.linear.y, msg.linear.z,
+            msg.angular.x, msg.angular.y, msg.angular.z)
+
+
+def detection_summaries(msg: DetectionArray) -> list[DetectionSummary]:
+    """The fields of each detection the arbiter needs (adapter, no logic)."""
+    return [DetectionSummary(d.class_id, d.class_index, d.track_id, d.center_x, d.center_y,
+                             d.width, d.height, d.uncertainty.gp_variance,
+                             d.uncertainty.mutual_information, len(d.class_probabilities))
+            for d in msg.detections]
+
+
+class ArbitrationNode(Node):
+    """Maps perception uncertainty to a level of autonomy and arbitrates the robot command.
+
+    Parameters
+    ----------
+    node_name : str
+        Node name (the section of the parameters file it reads).
+    **kwargs
+        Passed to :class:`rclpy.node.Node` (``context``, ``parameter_overrides``, ...).
+
+    Raises
+    ------
+    ConfigurationError
+        When a parameter is missing, mistyped, out of range or inconsistent, or the
+        parameters file names one this node does not have.
+    """
+
+    def __init__(self, node_name: str = NODE_NAME, **kwargs: Any) -> None:
+        super().__init__(node_name, **kwargs)
+        try:
+            self._declare_parameters()
+            values = self._parameter_values()
+            config = config_from_values(values)
+        except (ValueError, ParameterException) as err:
+            self.get_logger().fatal(f'invalid configuration: {err}')
+            self.destroy_node()
+            raise ConfigurationError(str(err)) from None
+
+        self._lock = threading.Lock()
+        self._arbiter = Arbiter(config, time.monotonic())
+        self._latency = LatencyWindow(4096)
+        self._last_state: ArbiterState | None = None
+
+        self._cmd_pub = self.create_publisher(Twist, CMD_VEL_TOPIC, COMMAND_OUT_QOS)
+        self._state_pub = self.create_publisher(AutonomyState, STATE_TOPIC, STATE_QOS)
+        self._diag_pub = self.create_publisher(DiagnosticArray, '/diagnostics', 10)
+        self.create_subscription(DetectionArray, DETECTIONS_TOPIC, self._on_detections,
+                                 PERCEPTION_QOS)
+        self.create_subscription(Twist, OPERATOR_TOPIC, self._on_operator, COMMAND_IN_QOS)
+        self.create_subscription(Twist, AUTONOMY_TOPIC, self._on_autonomy, COMMAND_IN_QOS)
+        self.create_service(SetAutonomyOverride, OVERRIDE_SERVICE, self._on_override)
+
+        # Steady-clock timers: the fail-safe must not wait for a paused or replayed /clock.
+        self._steady = Clock(clock_type=ClockType.STEADY_TIME)
+        self.create_timer(values['decision_period_s'], self._on_decision_tick, clock=self._steady)
+        self.create_timer(values['state_publish_period_s'], self._on_heartbeat,
+                          clock=self._steady)
+        self.create_timer(values['diagnostics_period_s'], self._on_diagnostics,
+                          clock=self._steady)
+        # Watchdog restarted by every DetectionArray: it fires one deadline after the last
+        # one, so the fall-back comes at the deadline plus scheduling delay; the decision
+        # tick is the backstop that bounds it by deadline + one period.
+        self._watchdog = self.create_timer(config.perception_deadline_s,
+                                           self._on_decision_tick, clock=self._steady)
+
+        self.add_on_set_parameters_callback(self._validate_parameters)
+        self.add_post_set_parameters_callback(self._apply_parameters)
+
+        with self._lock:
+            self._publish(self._arbiter.step(time.monotonic()), force_state=True)
+        self.get_logger().info(
+            f'arbitrating on {config.uncertainty_signal.value} of the '
+            f'{config.driving_detection.value} detection; perception deadline '
+            f'{config.perception_deadline_s:g} s, decision period '
+            f'{values["decision_period_s"]:g} s; starting at teleoperation')
+
+    # -- parameters ---------------------------------------------------------------------
+
+    def _declare_parameters(self) -> None:
+        for spec in PARAMETERS:
+            self.declare_parameter(spec.name, spec.default, _descriptor(spec))
+        # A misspelt name in the parameters file would otherwise be silently ignored and
+        # leave a default threshold in force.
+        overrides = getattr(self, '_parameter_overrides', {})
+        unknown = sorted(name for name in overrides
+                         if not self.has_parameter(name) and not name.startswith('qos_overrides.'))
+        if unknown:
+            raise ValueError(f'unknown parameters for {self.get_name()}: {", ".join(unknown)}')
+
+    def _parameter_values(self) -> dict[str, Any]:
+        return {spec.name: _plain(self.get_parameter(spec.name).value) for spec in PARAMETERS}
+
+    def _validate_parameters(self, parameters: list[Parameter]) -> SetParametersResult:
+        values = self._parameter_values()
+        for parameter in parameters:
+            if parameter.name in values:
+                values[parameter.name] = _plain(parameter.value)
+        try:
+            config_from_values(values)
+        except ValueError as err:
+            self.get_logger().warn(f'parameter change refused: {err}')
+            return SetParametersResult(successful=False, reason=str(err))
+        return SetParametersResult(successful=True)
+
+    def _apply_parameters(self, parameters: list[Parameter]) -> None:
+        config = config_from_values(self._parameter_values())
+        with self._lock:
+            if config.perception_deadline_s != self._arbiter.config.perception_deadline_s:
+                self.destroy_timer(self._watchdog)
+                self._watchdog = self.create_timer(config.perception_deadline_s,
+                                                   self._on_decision_tick, clock=self._steady)
+            self._publish(self._arbiter.set_config(config, time.monotonic()))
+        names = ', '.join(f'{p.name}={_plain(p.value)!r}' for p in parameters)
+        self.get_logger().info(f'parameters updated: {names}')
+
+    # -- inputs -------------------------------------------------------------------------
+
+    def _on_detections(self, msg: DetectionArray) -> None:
+        start = time.perf_counter()
+        summaries = detection_summaries(msg)
+        with self._lock:
+            self._publish(self._arbiter.observe(time.monotonic(), summaries,
+                                                len(msg.class_names)))
+            self._watchdog.reset()
+        self._latency.add(time.perf_counter() - start)
+
+    def _on_operator(self, msg: Twist) -> None:
+        with self._lock:
+            ok = self._arbiter.operator_command(time.monotonic(), _twist_vector(msg))
+        if not ok:
+            self.get_logger().warn('ignoring a non-finite operator command',
+                                   throttle_duration_sec=2.0)
+
+    def _on_autonomy(self, msg: Twist) -> None:
+        with self._lock:
+            ok = self._arbiter.autonomy_command(time.monotonic(), _twist_vector(msg))
+        if not ok:
+            self.get_logger().warn('ignoring a non-finite autonomy command',
+                                   throttle_duration_sec=2.0)
+
+    def _on_override(self, request: SetAutonomyOverride.Request,
+                     response: SetAutonomyOverride.Response) -> SetAutonomyOverride.Response:
+        duration_s = request.duration.sec + request.duration.nanosec * 1e-9
+        with self._lock:
+            ok, message, step = self._arbiter.set_override(
+                time.monotonic(), int(request.level), duration_s)
+            self._publish(step)
+        text = f'override request level={request.level} duration={duration_s:g} s: {message}'
+        if ok:
+            self.get_logger().info(text)
+        else:
+            self.get_logger().warn(text)
+        response.success = ok
+        response.message = message
+        return response
+
+    # -- timers -------------------------------------------------------------------------
+
+    def _on_decision_tick(self) -> None:
+        with self._lock:
+            self._publish(self._arbiter.step(time.monotonic()), command=True)
+
+    def _on_heartbeat(self) -> None:
+        with self._lock:
+            if self._last_state is not None:
+                self._state_pub.publish(self._state_message(self._last_state))
+
+    def _on_diagnostics(self) -> None:
+        with self._lock:
+            state = self._last_state
+        if state is None:
+            return
+        stats = self._latency.summary_ms()
+        status = DiagnosticStatus(
+            level=DiagnosticStatus.WARN if state.perception_stale else DiagnosticStatus.OK,
+            name=f'{self.get_name()}: arbitration', hardware_id=self.get_fully_qualified_name(),
+            message=f'{state.level.label}: {state.reason}')
+        status.values = [KeyValue(key=k, value=str(v)) for k, v in (
+            ('level', state.level.label), ('uncertainty', f'{state.uncertainty:.6g}'),
+            ('uncertainty_signal', state.uncertainty_signal.value),
+            ('perception_stale', state.perception_stale),
+            ('override_active', state.override_active),
+            ('decision_latency_p50_ms', f'{stats["p50_ms"]:.4f}'),
+            ('decision_latency_p99_ms', f'{stats["p99_ms"]:.4f}'),
+            ('decision_latency_samples', stats['count']))]
+        array = DiagnosticArray(status=[status])
+        array.header.stamp = self.get_clock().now().to_msg()
+        self._diag_pub.publish(array)
+
+    # -- outputs ------------------------------------------------------------------------
+
+    def _publish(self, step: Step, command: bool = False, force_state: bool = False) -> None:
+        """Publish what a decision changed; the caller holds the lock."""
+        self._last_state = step.state
+        if step.changed or force_state:
+            self._state_pub.publish(self._state_message(step.state))
+        if step.transition is not None:
+            t = step.transition
+            text = f'autonomy {t.from_level.label} -> {t.to_level.label}: {t.reason}'
+            # rclpy ties a severity to each logging call site, hence two calls.
+            if t.to_level < t.from_level:
+                self.get_logger().warn(text)
+            else:
+                self.get_logger().info(text)
+        elif step.changed:
+            self.get_logger().info(
+                f'autonomy {step.state.level.label} held: {step.state.reason}'
+                + (' (override active)' if step.state.override_active else ''))
+        if command or step.transition is not None:
+            c = step.command
+            msg = Twist()
+            msg.linear.x, msg.linear.y, msg.linear.z = float(c[0]), float(c[1]), float(c[2])
+            msg.angular.x, msg.angular.y, msg.angular.z = float(c[3]), float(c[4]), float(c[5])
+            self._cmd_pub.publish(msg)
+
+    def _state_message(self, state: ArbiterState) -> AutonomyState:
+        now = self.get_clock().now()
+        msg = AutonomyState()
+        msg.header.stamp = now.to_msg()
+        msg.level = int(state.level)
+        msg.level_name = state.level.label
+        msg.previous_level = int(state.previous_level)
+        msg.uncertainty = state.uncertainty
+        msg.uncertainty_signal = state.uncertainty_signal.value
+        msg.up_thresholds = list(state.up_thresholds)
+        msg.down_thresholds = list(state.down_thresholds)
+        msg.blend_alpha = state.blend_alpha
+        msg.reason = state.reason
+        msg.perception_stale = state.perception_stale
+        msg.override_active = state.override_active
+        if state.override_expires is not None:
+            # The arbiter keeps time on the monotonic clock; report the end in ROS time.
+            remaining = max(0.0, state.override_expires - time.monotonic())
+            msg.override_expires = (now + Duration(nanoseconds=int(remaining * 1e9))).to_msg()
+        return msg
+
+    # -- introspection (benchmarks, tests) ----------------------------------------------
+
+    @property
+    def decision_latency(self) -> LatencyWindow:
+        """Processing time of each DetectionArray callback (conversion, decision, publish)."""
+        return self._latency
+
+    @property
+    def level(self) -> Level:
+        """Level in force."""
+        with self._lock:
+            return self._arbiter.level
+
+
+def _build_argument_parser() -> argparse.ArgumentParser:
+    lines = ['parameters (set with --ros-args --params-file config/arbitration.yaml '
+             'or -p name:=value):']
+    for spec in PARAMETERS:
+        extra = f' [{spec.constraints}]' if spec.constraints else ''
+        fixed = ' (read-only)' if spec.read_only else ''
+        lines.append(f'  {spec.name} = {spec.default!r}{fixed}: {spec.description}{extra}')
+    lines += ['', f'topics: sub {DETECTIONS_TOPIC}, {OPERATOR_TOPIC}, {AUTONOMY_TOPIC}; '
+              f'pub {CMD_VEL_TOPIC}, {STATE_TOPIC}, /diagnostics; '
+              f'service {OVERRIDE_SERVICE}. Remap with --ros-args -r from:=to.']
+    return argparse.ArgumentParser(
+        prog='arbitration_node',
+        description='Shared-autonomy arbitration: perception uncertainty to a level of '
+                    'autonomy (teleoperation, guided, shared, assistance) and the robot '
+                    'command, with hysteresis and a fail-safe.',
+        epilog='\n'.join(lines), formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def main(args: Sequence[str] | None = None) -> int:
+    """Run the node until shut down; returns the exit code (1 for an invalid configuration)."""
+    argv = list(sys.argv if args is None else args)
+    _build_argument_parser().parse_args(remove_ros_args(argv)[1:])
+    rclpy.init(args=argv)
+    node: ArbitrationNode | None = None
+    try:
+        node = ArbitrationNode()
+        rclpy.spin(node)
+    except ConfigurationError as err:
+        print(f'arbitration_node: refusing to start: {err}', file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        if node is not None:
+            node.destroy_node()
+        rclpy.try_shutdown()
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
