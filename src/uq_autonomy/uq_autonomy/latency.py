@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Iterable
 
@@ -29,6 +30,8 @@ def latency_summary_ms(samples_s: Iterable[float]) -> dict[str, float | int]:
 class LatencyWindow:
     """The latest ``size`` durations (seconds); appending is O(1) so it can sit on a hot path.
 
+    Thread-safe: a node's callback appends while a benchmark or diagnostics thread reads.
+
     Parameters
     ----------
     size : int
@@ -37,19 +40,23 @@ class LatencyWindow:
 
     def __init__(self, size: int = 2048) -> None:
         self._samples: deque[float] = deque(maxlen=size)
+        self._lock = threading.Lock()
 
     def add(self, seconds: float) -> None:
         """Record one duration."""
-        self._samples.append(seconds)
+        with self._lock:
+            self._samples.append(seconds)
 
     def samples(self) -> list[float]:
         """Copy of the samples kept, oldest first."""
-        return list(self._samples)
+        with self._lock:
+            return list(self._samples)
 
     def clear(self) -> None:
         """Forget every sample."""
-        self._samples.clear()
+        with self._lock:
+            self._samples.clear()
 
     def summary_ms(self) -> dict[str, float | int]:
         """:func:`latency_summary_ms` of the samples kept."""
-        return latency_summary_ms(self._samples)
+        return latency_summary_ms(self.samples())
