@@ -249,7 +249,7 @@ class SpectralEvidence:
         ``(lambda_j, v_j)`` of ``G``. ``num_outputs`` may be smaller than the columns of
         ``Y`` when the targets span fewer dimensions (centred targets: ``C - 1``).
         """
-        lam, vec = np.linalg.eigh(gram)
+        lam, vec = _eigh(gram)
         keep = lam > _eigen_tolerance(lam, gram.shape[0])
         lam = lam[keep]
         proj = vec[:, keep].T @ cross
@@ -261,13 +261,20 @@ class SpectralEvidence:
     def from_kernel(cls, kernel: np.ndarray, targets: np.ndarray,
                     num_outputs: int | None = None) -> SpectralEvidence:
         """Build from the dual Gram ``K0`` (n x n) and the targets ``Y`` (n x m)."""
-        lam, vec = np.linalg.eigh(kernel)
+        lam, vec = _eigh(kernel)
         keep = lam > _eigen_tolerance(lam, kernel.shape[0])
         proj = vec[:, keep].T @ targets
         t = (proj * proj).sum(axis=1)
         residual = max(float((targets * targets).sum()) - float(t.sum()), 0.0)
         outputs = targets.shape[1] if num_outputs is None else num_outputs
         return cls(lam[keep], t, residual, int(kernel.shape[0]), int(outputs))
+
+
+def _eigh(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    # torch's LAPACK (MKL) rather than numpy's: several times faster on small matrices and
+    # far less sensitive to a CPU shared with other processes.
+    lam, vec = torch.linalg.eigh(torch.from_numpy(np.ascontiguousarray(matrix, np.float64)))
+    return lam.numpy(), vec.numpy()
 
 
 def _eigen_tolerance(eigenvalues: np.ndarray, size: int) -> float:
@@ -417,10 +424,11 @@ def spd_inverse(matrix: np.ndarray, what: str, max_condition: float = MAX_CONDIT
     """Inverse of a symmetric positive (semi)definite matrix through its Cholesky factor.
 
     The condition number is estimated from the Cholesky pivots, ``(max L_ii / min L_ii)^2``
-    (a lower bound of the true one). If the factorisation fails or the estimate exceeds
-    ``max_condition``, a jitter ``epsilon I`` (starting at ``mean(diag) / max_condition``,
-    growing tenfold) is added and a warning is logged: the result is then the inverse of a
-    slightly more regularised matrix, which keeps every variance finite.
+    (a lower bound of the true one); the inverse is ``L^{-T} L^{-1}``. If the factorisation
+    fails or the estimate exceeds ``max_condition``, a jitter ``epsilon I`` (starting at
+    ``mean(diag) / max_condition``, growing tenfold) is added and a warning is logged: the
+    result is then the inverse of a slightly more regularised matrix, which keeps every
+    variance finite.
 
     Raises
     ------
@@ -432,28 +440,24 @@ def spd_inverse(matrix: np.ndarray, what: str, max_condition: float = MAX_CONDIT
         raise ValueError(f'{what} has non-finite entries')
     size = sym.shape[0]
     scale = float(np.mean(np.abs(np.diag(sym)))) or 1.0
+    base = torch.from_numpy(np.ascontiguousarray(sym))
+    eye = torch.eye(size, dtype=torch.float64)
     jitter = 0.0
-    factor = None
-    condition = math.inf
     for _ in range(16):
-        try:
-            factor = np.linalg.cholesky(sym + jitter * np.eye(size) if jitter else sym)
-            pivots = np.diag(factor)
-            condition = float((pivots.max() / pivots.min()) ** 2) if pivots.min() > 0 \
-                else math.inf
-        except np.linalg.LinAlgError:
-            factor, condition = None, math.inf
-        if factor is not None and condition <= max_condition:
-            break
+        factor, info = torch.linalg.cholesky_ex(base + jitter * eye if jitter else base)
+        if int(info) == 0:
+            pivots = torch.diagonal(factor)
+            condition = float((pivots.max() / pivots.min()) ** 2)
+            if condition <= max_condition:
+                break
         jitter = scale / max_condition if jitter == 0.0 else jitter * 10.0
     else:
         raise ValueError(f'{what} is not positive definite even with jitter {jitter:.3g}')
     if jitter > 0.0:
         logger.warning('%s is near-singular; added jitter %.3g (relative %.1e) to keep the '
                        'GP variances finite', what, jitter, jitter / scale)
-    assert factor is not None
-    inverse_factor = np.linalg.solve(factor, np.eye(size))
-    return inverse_factor.T @ inverse_factor
+    inverse = torch.cholesky_inverse(factor).numpy()
+    return 0.5 * (inverse + inverse.T)
 
 
 def kmeans(points: np.ndarray, k: int, *, iterations: int = 50, seed: int = 0) -> np.ndarray:
@@ -469,14 +473,18 @@ def kmeans(points: np.ndarray, k: int, *, iterations: int = 50, seed: int = 0) -
     rng = np.random.default_rng(seed)
     x_sq = (x * x).sum(1)
     centroids = torch.empty(k, x.shape[1], dtype=torch.float64)
+
+    def sq_distance(c: torch.Tensor) -> torch.Tensor:
+        return (x_sq - 2.0 * (x @ c) + c @ c).clamp_min(0.0)
+
     centroids[0] = x[int(rng.integers(n))]
-    closest = ((x - centroids[0]) ** 2).sum(1)
+    closest = sq_distance(centroids[0])
     for j in range(1, k):
-        weights = closest.clamp_min(0).numpy()
+        weights = closest.numpy()
         total = weights.sum()
         pick = int(rng.choice(n, p=weights / total)) if total > 0 else int(rng.integers(n))
         centroids[j] = x[pick]
-        closest = torch.minimum(closest, ((x - centroids[j]) ** 2).sum(1))
+        closest = torch.minimum(closest, sq_distance(centroids[j]))
     assign = torch.full((n,), -1, dtype=torch.int64)
     for _ in range(iterations):
         dist = x_sq[:, None] - 2.0 * (x @ centroids.T) + (centroids * centroids).sum(1)
@@ -621,8 +629,9 @@ class LastLayerNTKGP:
     Classes taught online (:meth:`update` with ``label == num_classes``) get a Bayesian
     linear model for their weights with prior mean ``w0 = [mean_c w_c; mean_c b_c -
     margin]`` (the new logit starts ``margin`` below the mean logit everywhere), the
-    expert's covariance ``A_m^{-1}``, and targets ``max_c f_c(x) + margin`` at its labelled
-    features; every other feature is an observation at the prior mean (residual zero).
+    expert's covariance ``A_m^{-1}``, and targets ``max_c f_c(x) + margin`` (max over the
+    head's classes) at its labelled features; every other feature is an observation at
+    the prior mean (residual zero).
     The posterior mean is ``w0 + A_m^{-1} r_m / sigma_m^2`` with
     ``r_m = sum phi~ (target - w0^T phi~)`` over the expert's labelled features of the class.
     """
