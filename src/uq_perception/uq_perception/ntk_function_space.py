@@ -124,7 +124,8 @@ class FunctionSpaceNTKGP:
                 names = list(named)
             else:
                 prefix = _last_linear(model)[0]
-                names = [n for n in named if n.rsplit('.', 1)[0] == prefix]
+                names = [n for n in named
+                         if (n.rsplit('.', 1)[0] if '.' in n else '') == prefix]
         else:
             names = list(parameters)
             unknown = [n for n in names if n not in named]
