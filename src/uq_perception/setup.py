@@ -28,6 +28,8 @@ setup(
             'bench.mnist = uq_perception.mnist_benchmark:configure',
             'bench.node = uq_perception.node_benchmark:configure',
             'build-engine = uq_perception.engine_build:configure',
+            'eval.detector = uq_perception.detector_eval:configure',
+            'train = uq_perception.training:configure',
         ],
     },
 )

@@ -15,6 +15,7 @@ so it can be traced or exported for other backends; ``decode`` turns its outputs
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -92,7 +93,7 @@ class _SeparableBlock(nn.Module):
         return F.relu(y)
 
 
-def _gather_cells(feature: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def gather_cells(feature: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Read ``feature`` (B, Ch, H, W) at flat cell indices ``index`` (B, K) -> (B, K, Ch)."""
     b, ch = feature.shape[0], feature.shape[1]
     flat = feature.reshape(b, ch, -1)
@@ -289,8 +290,8 @@ class CenterNetDetector(nn.Module):
             xs, 2, rounding_mode='floor')
         ctx_index = torch.div(ys, 4, rounding_mode='floor') * ctx_w + torch.div(
             xs, 4, rounding_mode='floor')
-        local = _gather_cells(maps['embedding_map'], emb_index)
-        context = _gather_cells(maps['context_map'], ctx_index)
+        local = gather_cells(maps['embedding_map'], emb_index)
+        context = gather_cells(maps['context_map'], ctx_index)
         return self.embedding_mlp(torch.cat([local, context], dim=2))
 
     def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -309,7 +310,10 @@ class CenterNetDetector(nn.Module):
             centre y, width, height in input pixels), ``embeddings (B,K,D)``, ``logits
             (B,K,C)``. Candidates are sorted by score; ``decode`` applies the threshold.
         """
-        maps = self.feature_maps(images)
+        return self.candidates(self.feature_maps(images))
+
+    def candidates(self, maps: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Top-K heatmap peaks of :meth:`feature_maps` output, as returned by ``forward``."""
         heatmap = torch.sigmoid(maps['heatmap_logits'])
         b, _, h, w = heatmap.shape
         # A cell is a peak when it equals the max of its 3x3 neighbourhood.
@@ -319,8 +323,8 @@ class CenterNetDetector(nn.Module):
         scores, index = peaks.reshape(b, -1).topk(k, dim=1)
         ys = torch.div(index, w, rounding_mode='floor')
         xs = index - ys * w
-        offset = _gather_cells(maps['offset'], index)
-        log_size = _gather_cells(maps['size'], index).clamp(_LOG_SIZE_MIN, _LOG_SIZE_MAX)
+        offset = gather_cells(maps['offset'], index)
+        log_size = gather_cells(maps['size'], index).clamp(_LOG_SIZE_MIN, _LOG_SIZE_MAX)
         size = torch.exp(log_size) * STRIDE
         cx = (xs.to(heatmap.dtype) + offset[..., 0]) * STRIDE
         cy = (ys.to(heatmap.dtype) + offset[..., 1]) * STRIDE
@@ -493,11 +497,19 @@ def save_detector(model: CenterNetDetector, path: str | Path, model_id: str,
         'config': model.config(),
         'state_dict': state,
         'digest': model_digest(model),
-        'metadata': dict(metadata or {}),
+        'metadata': _plain_metadata(metadata),
     }
     tmp = path.with_suffix(path.suffix + '.tmp')
     torch.save(payload, tmp)
     tmp.replace(path)
+
+
+def _plain_metadata(metadata: dict[str, Any] | None) -> dict[str, Any]:
+    # The file is read with weights_only=True, which accepts plain containers only.
+    try:
+        return json.loads(json.dumps(dict(metadata or {})))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f'metadata must be JSON-serialisable: {exc}') from exc
 
 
 def load_detector(path: str | Path, map_location: str | torch.device = 'cpu',

@@ -1,0 +1,323 @@
+"""COCO detection splits for the detector: loading, training targets, augmentation (ROS-free).
+
+A split directory holds ``annotations.json`` (COCO with the extra per-object fields
+``occluded``, ``truncated`` and ``visible_fraction`` that ``uq sim dataset`` writes) and
+the images it names. Categories with ``supercategory == 'known'`` are the detector's
+classes, in the order of their ids; every other category is an unknown object, which the
+detector must still find (objectness) but never learns a class for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from uq_perception.detector import STRIDE
+
+KNOWN_SUPERCATEGORY = 'known'
+# Objects smaller than this (pixels, shorter side) are too small to be judged reliably;
+# evaluation ignores them like occluded and truncated ones.
+MIN_EVAL_SIDE = 8.0
+# Objects smaller than this carry too little appearance to teach a class.
+MIN_CLASS_SIDE = 4.0
+# Gaussian splat of a centre: sigma = GAUSSIAN_ALPHA / 6 of the box side (TTFNet-style
+# elliptical kernel), at least MIN_SIGMA cells so small objects still get a blob.
+GAUSSIAN_ALPHA = 0.54
+MIN_SIGMA = 0.8
+# A training crop keeps an object when at least this fraction of its box lies inside.
+MIN_CROP_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class DetectionSplit:
+    """Images and ground truth of one split, at the detector's input size.
+
+    Attributes
+    ----------
+    name : str
+        Split name (directory name).
+    images : np.ndarray
+        ``(N, H, W, 3)`` uint8 RGB images.
+    image_ids : np.ndarray
+        ``(N,)`` COCO image ids.
+    boxes : list[np.ndarray]
+        Per image ``(K, 4)`` float32 ``center_x, center_y, width, height`` in input pixels.
+    labels : list[np.ndarray]
+        Per image ``(K,)`` int64 index into ``class_names``, or -1 for unknown objects.
+    category_ids : list[np.ndarray]
+        Per image ``(K,)`` int64 COCO category ids.
+    occluded, truncated : list[np.ndarray]
+        Per image ``(K,)`` bool flags from the annotations.
+    class_names : list[str]
+        Known classes (the detector's head), ordered by category id.
+    category_names : dict[int, str]
+        Name of every category id, known or not.
+    """
+
+    name: str
+    images: np.ndarray
+    image_ids: np.ndarray
+    boxes: list[np.ndarray]
+    labels: list[np.ndarray]
+    category_ids: list[np.ndarray]
+    occluded: list[np.ndarray]
+    truncated: list[np.ndarray]
+    class_names: list[str]
+    category_names: dict[int, str]
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+    def hard(self, index: int) -> np.ndarray:
+        """``(K,)`` bool: objects that evaluation ignores (occluded, truncated or tiny)."""
+        small = self.boxes[index][:, 2:].min(axis=1) < MIN_EVAL_SIDE if len(
+            self.boxes[index]) else np.zeros(0, dtype=bool)
+        return self.occluded[index] | self.truncated[index] | small
+
+    def classifiable(self, index: int) -> np.ndarray:
+        """``(K,)`` bool: known objects visible enough to train or fit a classifier on."""
+        boxes = self.boxes[index]
+        big = boxes[:, 2:].min(axis=1) >= MIN_CLASS_SIDE if len(boxes) else np.zeros(
+            0, dtype=bool)
+        return (self.labels[index] >= 0) & ~self.occluded[index] & big
+
+    @property
+    def num_objects(self) -> int:
+        """Total number of annotated objects."""
+        return int(sum(len(b) for b in self.boxes))
+
+
+def load_split(split_dir: str | Path, input_size: tuple[int, int] = (240, 320),
+               class_names: Sequence[str] | None = None,
+               max_images: int | None = None) -> DetectionSplit:
+    """Read a COCO split and resize its images (and boxes) to ``input_size``.
+
+    Parameters
+    ----------
+    split_dir : str | Path
+        Directory with ``annotations.json``; ``file_name`` entries are relative to it.
+    input_size : tuple[int, int]
+        ``(height, width)`` to resize images to.
+    class_names : Sequence[str] | None
+        Expected known classes (a trained model's); a mismatch is an error.
+    max_images : int | None
+        Read only the first images (in id order), for quick runs.
+
+    Raises
+    ------
+    ValueError
+        If the annotation file or an image is missing or malformed, or the known classes
+        differ from ``class_names``.
+    """
+    import cv2  # deferred: keeps `uq --help` fast
+
+    split_dir = Path(split_dir)
+    ann_path = split_dir / 'annotations.json'
+    if not ann_path.is_file():
+        raise ValueError(f'no annotations.json in {split_dir}; generate data with '
+                         f'`uq sim dataset --out DIR`')
+    try:
+        coco = json.loads(ann_path.read_text())
+        categories = {int(c['id']): (str(c['name']), str(c.get('supercategory', '')))
+                      for c in coco['categories']}
+        images = sorted(coco['images'], key=lambda im: int(im['id']))
+        annotations = coco['annotations']
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f'{ann_path} is not a COCO annotation file: {exc}') from exc
+    known_ids = sorted(i for i, (_, sup) in categories.items() if sup == KNOWN_SUPERCATEGORY)
+    names = [categories[i][0] for i in known_ids]
+    if not names:
+        raise ValueError(f'{ann_path} has no categories with supercategory '
+                         f'{KNOWN_SUPERCATEGORY!r}')
+    if class_names is not None and list(class_names) != names:
+        raise ValueError(f'{ann_path}: known classes {names} differ from the model\'s '
+                         f'{list(class_names)}')
+    label_of = {cid: k for k, cid in enumerate(known_ids)}
+    if max_images is not None:
+        images = images[:max_images]
+    per_image: dict[int, list[dict]] = {int(im['id']): [] for im in images}
+    for ann in annotations:
+        image_id = int(ann['image_id'])
+        if image_id in per_image:
+            per_image[image_id].append(ann)
+
+    height, width = input_size
+    pixels = np.empty((len(images), height, width, 3), dtype=np.uint8)
+    boxes, labels, cats, occluded, truncated = [], [], [], [], []
+    for n, im in enumerate(images):
+        path = split_dir / im['file_name']
+        bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)
+        if bgr is None:
+            raise ValueError(f'cannot read image {path}')
+        src_h, src_w = bgr.shape[:2]
+        if (src_h, src_w) != (height, width):
+            bgr = cv2.resize(bgr, (width, height), interpolation=cv2.INTER_AREA)
+        pixels[n] = bgr[:, :, ::-1]
+        sx, sy = width / src_w, height / src_h
+        anns = per_image[int(im['id'])]
+        xywh = np.array([a['bbox'] for a in anns], dtype=np.float32).reshape(-1, 4)
+        boxes.append(np.stack([(xywh[:, 0] + xywh[:, 2] / 2) * sx,
+                               (xywh[:, 1] + xywh[:, 3] / 2) * sy,
+                               xywh[:, 2] * sx, xywh[:, 3] * sy], axis=1).astype(np.float32))
+        cat = np.array([int(a['category_id']) for a in anns], dtype=np.int64)
+        missing = set(cat.tolist()) - set(categories)
+        if missing:
+            raise ValueError(f'{ann_path}: annotations use undeclared categories {missing}')
+        cats.append(cat)
+        labels.append(np.array([label_of.get(int(c), -1) for c in cat], dtype=np.int64))
+        occluded.append(np.array([bool(a.get('occluded', False)) for a in anns], dtype=bool))
+        truncated.append(np.array([bool(a.get('truncated', False)) for a in anns], dtype=bool))
+    return DetectionSplit(
+        name=split_dir.name, images=pixels,
+        image_ids=np.array([int(im['id']) for im in images], dtype=np.int64),
+        boxes=boxes, labels=labels, category_ids=cats, occluded=occluded,
+        truncated=truncated, class_names=names,
+        category_names={i: n for i, (n, _) in categories.items()})
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Training targets of a batch at the stride-4 output resolution.
+
+    ``M`` is the largest number of objects of an image in the batch; ``mask`` marks the
+    real ones.
+    """
+
+    heatmap: torch.Tensor  # (B, 1, h, w) Gaussian-splatted centres, exactly 1 at each centre
+    index: torch.Tensor  # (B, M) int64 flat cell index y * w + x of each centre
+    mask: torch.Tensor  # (B, M) float 1 for a real object
+    size: torch.Tensor  # (B, M, 2) log(width / stride), log(height / stride)
+    offset: torch.Tensor  # (B, M, 2) centre minus its cell corner, in cells
+    label: torch.Tensor  # (B, M) int64 class index, -1 where no class is taught
+
+
+def _splat(heatmap: np.ndarray, cx: int, cy: int, sigma_x: float, sigma_y: float) -> None:
+    h, w = heatmap.shape
+    rx, ry = int(math.ceil(3 * sigma_x)), int(math.ceil(3 * sigma_y))
+    x0, x1 = max(cx - rx, 0), min(cx + rx + 1, w)
+    y0, y1 = max(cy - ry, 0), min(cy + ry + 1, h)
+    xs = np.arange(x0, x1) - cx
+    ys = np.arange(y0, y1) - cy
+    blob = np.exp(-(xs[None, :] ** 2) / (2 * sigma_x ** 2) - (ys[:, None] ** 2) / (
+        2 * sigma_y ** 2))
+    np.maximum(heatmap[y0:y1, x0:x1], blob, out=heatmap[y0:y1, x0:x1])
+
+
+def build_targets(boxes: Sequence[np.ndarray], labels: Sequence[np.ndarray],
+                  output_size: tuple[int, int]) -> Targets:
+    """Targets of a batch from per-image boxes and class labels.
+
+    Parameters
+    ----------
+    boxes : Sequence[np.ndarray]
+        Per image ``(K, 4)`` centre-size boxes in input pixels.
+    labels : Sequence[np.ndarray]
+        Per image ``(K,)`` class index, -1 for objects without a class target (unknown,
+        occluded or tiny objects: they still get objectness and box targets).
+    output_size : tuple[int, int]
+        ``(h, w)`` of the stride-4 maps.
+    """
+    if len(boxes) != len(labels):
+        raise ValueError(f'{len(boxes)} box arrays but {len(labels)} label arrays')
+    h, w = output_size
+    batch = len(boxes)
+    most = max([len(b) for b in boxes] + [1])
+    heatmap = np.zeros((batch, 1, h, w), dtype=np.float32)
+    index = np.zeros((batch, most), dtype=np.int64)
+    mask = np.zeros((batch, most), dtype=np.float32)
+    size = np.zeros((batch, most, 2), dtype=np.float32)
+    offset = np.zeros((batch, most, 2), dtype=np.float32)
+    label = np.full((batch, most), -1, dtype=np.int64)
+    for i, (bx, lb) in enumerate(zip(boxes, labels, strict=True)):
+        if len(bx) != len(lb):
+            raise ValueError(f'image {i}: {len(bx)} boxes but {len(lb)} labels')
+        for k, ((cx, cy, bw, bh), cls) in enumerate(zip(bx, lb, strict=True)):
+            fx, fy = cx / STRIDE, cy / STRIDE
+            ix = min(max(int(math.floor(fx)), 0), w - 1)
+            iy = min(max(int(math.floor(fy)), 0), h - 1)
+            wc, hc = max(bw, 1.0) / STRIDE, max(bh, 1.0) / STRIDE
+            _splat(heatmap[i, 0], ix, iy, max(GAUSSIAN_ALPHA * wc / 6, MIN_SIGMA),
+                   max(GAUSSIAN_ALPHA * hc / 6, MIN_SIGMA))
+            index[i, k] = iy * w + ix
+            mask[i, k] = 1.0
+            size[i, k] = (math.log(wc), math.log(hc))
+            offset[i, k] = (fx - ix, fy - iy)
+            label[i, k] = int(cls)
+    return Targets(heatmap=torch.from_numpy(heatmap), index=torch.from_numpy(index),
+                   mask=torch.from_numpy(mask), size=torch.from_numpy(size),
+                   offset=torch.from_numpy(offset), label=torch.from_numpy(label))
+
+
+def images_to_tensor(images: np.ndarray) -> torch.Tensor:
+    """``(B, H, W, 3)`` uint8 -> ``(B, 3, H, W)`` float32 in ``[0, 1]``."""
+    return torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float().div_(
+        255.0)
+
+
+def augment(images: np.ndarray, boxes: Sequence[np.ndarray], labels: Sequence[np.ndarray],
+            rng: np.random.Generator, crop: tuple[int, int] | None = None
+            ) -> tuple[torch.Tensor, list[np.ndarray], list[np.ndarray]]:
+    """Random crops, horizontal flips and photometric jitter of a batch.
+
+    Brightness, contrast and per-channel gains vary; geometry changes only by the flip and
+    the crop, because the simulator already randomises camera pose and object placement.
+    Crops (the same size for the whole batch, anywhere in each image) cut the cost of a
+    training step; the network is fully convolutional, so it still runs on whole images.
+    Objects with less than :data:`MIN_CROP_FRACTION` of their box inside a crop are
+    dropped, the others clipped to it.
+
+    Parameters
+    ----------
+    images : np.ndarray
+        ``(B, H, W, 3)`` uint8.
+    boxes, labels : Sequence[np.ndarray]
+        Per image ``(K, 4)`` centre-size boxes and ``(K,)`` labels.
+    rng : np.random.Generator
+        Source of all random choices.
+    crop : tuple[int, int] | None
+        ``(height, width)`` of the crops (multiples of 16), or None for whole images.
+
+    Returns
+    -------
+    tuple[torch.Tensor, list[np.ndarray], list[np.ndarray]]
+        ``(B, 3, h, w)`` float images in ``[0, 1]``, and the boxes and labels that remain.
+    """
+    batch, height, width = images.shape[0], images.shape[1], images.shape[2]
+    ch, cw = (height, width) if crop is None else crop
+    if not (0 < ch <= height and 0 < cw <= width):
+        raise ValueError(f'crop {crop} does not fit images of {height}x{width}')
+    flip = rng.random(batch) < 0.5
+    top = rng.integers(0, height - ch + 1, batch)
+    left = rng.integers(0, width - cw + 1, batch)
+    pixels = np.empty((batch, ch, cw, 3), dtype=np.uint8)
+    out_boxes, out_labels = [], []
+    for i in range(batch):
+        pixels[i] = images[i, top[i]:top[i] + ch, left[i]:left[i] + cw]
+        bx = np.asarray(boxes[i], dtype=np.float32).reshape(-1, 4)
+        x1 = bx[:, 0] - bx[:, 2] / 2 - left[i]
+        y1 = bx[:, 1] - bx[:, 3] / 2 - top[i]
+        x2, y2 = x1 + bx[:, 2], y1 + bx[:, 3]
+        cx1, cy1 = np.clip(x1, 0, cw), np.clip(y1, 0, ch)
+        cx2, cy2 = np.clip(x2, 0, cw), np.clip(y2, 0, ch)
+        inside = (cx2 - cx1) * (cy2 - cy1)
+        keep = inside >= MIN_CROP_FRACTION * np.maximum(bx[:, 2] * bx[:, 3], 1e-6)
+        kept = np.stack([(cx1 + cx2) / 2, (cy1 + cy2) / 2, cx2 - cx1, cy2 - cy1],
+                        axis=1)[keep].astype(np.float32)
+        if flip[i]:
+            pixels[i] = pixels[i][:, ::-1]
+            kept[:, 0] = cw - kept[:, 0]
+        out_boxes.append(kept)
+        out_labels.append(np.asarray(labels[i])[keep])
+    tensor = images_to_tensor(pixels)
+    brightness = torch.from_numpy(rng.uniform(0.75, 1.25, (batch, 1, 1, 1))).float()
+    contrast = torch.from_numpy(rng.uniform(0.75, 1.25, (batch, 1, 1, 1))).float()
+    gains = torch.from_numpy(rng.uniform(0.9, 1.1, (batch, 3, 1, 1))).float()
+    mean = tensor.mean(dim=(1, 2, 3), keepdim=True)
+    tensor = ((tensor - mean) * contrast + mean) * brightness * gains
+    return tensor.clamp_(0.0, 1.0), out_boxes, out_labels

@@ -1,0 +1,351 @@
+"""Evaluation of the detector and its NTK-GP on simulator splits (ROS-free; ``uq eval detector``).
+
+Metrics, all on held-out splits at the model's input size:
+
+- **AP@0.5** per known class and their mean (``test``): COCO-style, detections ranked by
+  ``objectness * p(class)`` for their most probable class, greedy matching at IoU >= 0.5,
+  101-point interpolation. Occluded, truncated and tiny objects (the flags of the
+  simulator's annotations) are "ignore" regions as COCO's crowd boxes: finding them is
+  neither rewarded nor penalised. ``ap50_all_objects`` counts them as regular objects.
+- **Objectness recall on unknown objects** (``test_unknown``): the fraction of (not
+  ignored) unknown objects matched at IoU >= 0.5 by a detection above the operating score
+  threshold, class-agnostic.
+- **Known-vs-unknown AUROC** of the GP variance (and, for comparison, of the mutual
+  information, the predictive entropy and one minus the max softmax probability of the
+  network) over the detections matched to not-ignored known and unknown objects of
+  ``test_unknown``.
+- **Misclassification AUROC** (``test``): detections matched to known objects, positives
+  those whose most probable class is wrong; scored by GP variance and predictive entropy.
+- Calibration of the matched known detections (accuracy, ECE, NLL, Brier).
+- **Latency** of the forward pass at batch 1 after warm-up (p50/p99 ms), and of the
+  whole ``detect`` + GP query.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from uq_perception.detector import CenterNetDetector, Detections
+    from uq_perception.detector_data import DetectionSplit
+    from uq_perception.ntk_gp import LastLayerNTKGP
+
+IOU_THRESHOLD = 0.5
+# AP needs the whole precision-recall curve, so it is computed from low-score detections.
+AP_SCORE_THRESHOLD = 0.05
+AP_MAX_DETECTIONS = 50
+OPERATING_THRESHOLD = 0.3
+OPERATING_MAX_DETECTIONS = 20
+
+
+def predict_split(model: CenterNetDetector, split: DetectionSplit, score_threshold: float,
+                  max_detections: int, batch_size: int = 16, progress: bool = False
+                  ) -> list[Detections]:
+    """Run the detector over every image of a split (batched)."""
+    import torch
+    from tqdm import tqdm
+
+    from uq_perception.detector_data import images_to_tensor
+
+    was_training = model.training
+    model.eval()
+    result: list[Detections] = []
+    try:
+        with torch.no_grad():
+            for start in tqdm(range(0, len(split), batch_size), desc=f'detect {split.name}',
+                              unit='batch', disable=not progress):
+                images = images_to_tensor(split.images[start:start + batch_size])
+                result += model.decode(model(images), score_threshold, max_detections)
+    finally:
+        model.train(was_training)
+    return result
+
+
+def _class_probabilities(dets: Detections, gp: LastLayerNTKGP | None) -> np.ndarray:
+    if gp is not None:
+        return gp.predict(dets.embeddings, dets.logits).probabilities
+    z = dets.logits - dets.logits.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def average_precision_per_class(split: DetectionSplit, detections: Sequence[Detections],
+                                gp: LastLayerNTKGP | None = None,
+                                ignore_hard: bool = True) -> dict[str, float]:
+    """AP@0.5 of every known class over a split (see the module docstring)."""
+    from uq_perception.detection_metrics import average_precision, match_detections
+
+    num_classes = len(split.class_names)
+    scores: list[list[float]] = [[] for _ in range(num_classes)]
+    hits: list[list[bool]] = [[] for _ in range(num_classes)]
+    num_gt = np.zeros(num_classes, dtype=np.int64)
+    for i, dets in enumerate(detections):
+        probs = _class_probabilities(dets, gp) if len(dets) else np.zeros((0, num_classes))
+        predicted = probs.argmax(axis=1)
+        confidence = dets.scores * probs.max(axis=1) if len(dets) else np.zeros(0)
+        hard = split.hard(i) if ignore_hard else np.zeros(len(split.boxes[i]), dtype=bool)
+        for c in range(num_classes):
+            gt = split.labels[i] == c
+            num_gt[c] += int((gt & ~hard).sum())
+            mine = predicted == c
+            if not mine.any():
+                continue
+            matched, ignored = match_detections(dets.boxes[mine], confidence[mine],
+                                                split.boxes[i][gt], IOU_THRESHOLD, hard[gt])
+            keep = ~ignored
+            scores[c] += confidence[mine][keep].tolist()
+            hits[c] += (matched[keep] >= 0).tolist()
+    return {name: average_precision(np.array(scores[c]), np.array(hits[c], dtype=bool),
+                                    int(num_gt[c]))
+            for c, name in enumerate(split.class_names)}
+
+
+def evaluate_detection(model: CenterNetDetector, split: DetectionSplit,
+                       gp: LastLayerNTKGP | None = None, progress: bool = False
+                       ) -> dict[str, Any]:
+    """AP@0.5 per class and mean, with and without ignoring hard objects."""
+    detections = predict_split(model, split, AP_SCORE_THRESHOLD, AP_MAX_DETECTIONS,
+                               progress=progress)
+    per_class = average_precision_per_class(split, detections, gp, ignore_hard=True)
+    all_objects = average_precision_per_class(split, detections, gp, ignore_hard=False)
+    return {
+        'ap50_mean': _nanmean(per_class.values()),
+        'ap50_per_class': {k: _round(v) for k, v in per_class.items()},
+        'ap50_all_objects_mean': _nanmean(all_objects.values()),
+        'images': len(split),
+        'objects': split.num_objects,
+        'ignored_objects': int(sum(split.hard(i).sum() for i in range(len(split)))),
+    }
+
+
+def _nanmean(values: Any) -> float | None:
+    array = np.array(list(values), dtype=np.float64)
+    return None if np.all(np.isnan(array)) else _round(float(np.nanmean(array)))
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None or not np.isfinite(value) else round(float(value), digits)
+
+
+def _matched_objects(split: DetectionSplit, detections: Sequence[Detections]
+                     ) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """Per image: (image index, detection indices, matched object indices), not-ignored only."""
+    from uq_perception.detection_metrics import match_detections
+
+    out = []
+    for i, dets in enumerate(detections):
+        hard = split.hard(i)
+        matched, ignored = match_detections(dets.boxes, dets.scores, split.boxes[i],
+                                            IOU_THRESHOLD, hard)
+        keep = (matched >= 0) & ~ignored
+        out.append((i, np.flatnonzero(keep), matched[keep]))
+    return out
+
+
+def _safe_auroc(scores: np.ndarray, labels: np.ndarray) -> float | None:
+    from uq_perception.metrics import auroc
+
+    if labels.size == 0 or labels.all() or not labels.any():
+        return None
+    return _round(auroc(scores, labels))
+
+
+def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
+                         test: DetectionSplit, test_unknown: DetectionSplit,
+                         score_threshold: float = OPERATING_THRESHOLD,
+                         max_detections: int = OPERATING_MAX_DETECTIONS,
+                         progress: bool = False) -> dict[str, Any]:
+    """Unknown-object recall, OOD and misclassification AUROCs, calibration."""
+    from uq_perception import metrics
+
+    result: dict[str, Any] = {'score_threshold': score_threshold}
+
+    # --- unknown objects: objectness recall and known-vs-unknown separation
+    dets = predict_split(model, test_unknown, score_threshold, max_detections,
+                         progress=progress)
+    found: dict[int, list[bool]] = {}
+    known_found: list[bool] = []
+    signals: dict[str, list[float]] = {'gp_variance': [], 'mutual_information': [],
+                                       'predictive_entropy': [], 'max_softmax': []}
+    is_unknown: list[bool] = []
+    for i, det_index, obj_index in _matched_objects(test_unknown, dets):
+        hard = test_unknown.hard(i)
+        unknown = test_unknown.labels[i] < 0
+        hit = np.zeros(len(hard), dtype=bool)
+        hit[obj_index] = True
+        for k in np.flatnonzero(~hard):
+            if unknown[k]:
+                found.setdefault(int(test_unknown.category_ids[i][k]), []).append(bool(hit[k]))
+            else:
+                known_found.append(bool(hit[k]))
+        if det_index.size == 0:
+            continue
+        out = gp.predict(dets[i].embeddings[det_index], dets[i].logits[det_index])
+        signals['gp_variance'] += out.gp_variance.tolist()
+        signals['mutual_information'] += out.mutual_information.tolist()
+        signals['predictive_entropy'] += out.predictive_entropy.tolist()
+        logits = dets[i].logits[det_index]
+        z = np.exp(logits - logits.max(axis=1, keepdims=True))
+        signals['max_softmax'] += (1.0 - z.max(axis=1) / z.sum(axis=1)).tolist()
+        is_unknown += unknown[obj_index].tolist()
+    all_unknown = [h for hits in found.values() for h in hits]
+    labels = np.array(is_unknown, dtype=bool)
+    result['unknown_recall'] = _round(float(np.mean(all_unknown))) if all_unknown else None
+    result['unknown_recall_per_class'] = {
+        test_unknown.category_names[c]: _round(float(np.mean(h))) for c, h in sorted(
+            found.items())}
+    result['unknown_objects'] = len(all_unknown)
+    result['known_recall_test_unknown'] = _round(float(np.mean(known_found))) \
+        if known_found else None
+    result['ood_matched_known'] = int((~labels).sum())
+    result['ood_matched_unknown'] = int(labels.sum())
+    result['auroc_unknown'] = {name: _safe_auroc(np.array(v), labels)
+                               for name, v in signals.items()}
+    if gp.ood_threshold is not None and labels.size:
+        flagged = np.array(signals['gp_variance']) > gp.ood_threshold
+        result['ood_flag_rate_known'] = _round(float(flagged[~labels].mean())) \
+            if (~labels).any() else None
+        result['ood_flag_rate_unknown'] = _round(float(flagged[labels].mean())) \
+            if labels.any() else None
+
+    # --- known objects of the test split: misclassification and calibration
+    dets = predict_split(model, test, score_threshold, max_detections, progress=progress)
+    variance, entropy, probs, truth = [], [], [], []
+    for i, det_index, obj_index in _matched_objects(test, dets):
+        known = test.labels[i][obj_index] >= 0
+        if not known.any():
+            continue
+        sel = det_index[known]
+        out = gp.predict(dets[i].embeddings[sel], dets[i].logits[sel])
+        variance += out.gp_variance.tolist()
+        entropy += out.predictive_entropy.tolist()
+        probs.append(out.probabilities)
+        truth += test.labels[i][obj_index[known]].tolist()
+    if probs:
+        p = np.concatenate(probs)
+        y = np.array(truth, dtype=np.int64)
+        wrong = p.argmax(axis=1) != y
+        result['matched_known'] = int(y.size)
+        result['misclassified'] = int(wrong.sum())
+        result['accuracy'] = _round(metrics.accuracy(p, y))
+        result['ece'] = _round(metrics.ece(p, y))
+        result['nll'] = _round(metrics.nll(p, y))
+        result['brier'] = _round(metrics.brier(p, y))
+        result['auroc_misclassification'] = {
+            'gp_variance': _safe_auroc(np.array(variance), wrong),
+            'predictive_entropy': _safe_auroc(np.array(entropy), wrong),
+        }
+    return result
+
+
+def measure_latency(model: CenterNetDetector, gp: LastLayerNTKGP | None = None,
+                    runs: int = 200, warmup: int = 20, seed: int = 0) -> dict[str, Any]:
+    """Forward-pass latency (batch 1) and ``detect`` + GP query latency, in ms."""
+    import torch
+
+    height, width = model.input_size
+    rng = np.random.default_rng(seed)
+    image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    tensor = model.preprocess(image)
+    model.eval()
+    forward, full = [], []
+    with torch.no_grad():
+        for n in range(warmup + runs):
+            t0 = time.perf_counter()
+            model(tensor)
+            t1 = time.perf_counter()
+            dets = model.detect(image)
+            if gp is not None and len(dets):
+                gp.predict(dets.embeddings, dets.logits)
+            t2 = time.perf_counter()
+            if n >= warmup:
+                forward.append((t1 - t0) * 1e3)
+                full.append((t2 - t1) * 1e3)
+    return {
+        'forward_p50': _round(float(np.percentile(forward, 50)), 2),
+        'forward_p99': _round(float(np.percentile(forward, 99)), 2),
+        'detect_with_gp_p50': _round(float(np.percentile(full, 50)), 2),
+        'detect_with_gp_p99': _round(float(np.percentile(full, 99)), 2),
+        'runs': runs,
+        'batch': 1,
+        'input': f'{width}x{height}',
+        'threads': torch.get_num_threads(),
+        'load_average_1min': _round(os.getloadavg()[0], 2),
+        'cpu': _cpu_name(),
+        'cpu_count': os.cpu_count(),
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path('/proc/cpuinfo').read_text().splitlines():
+            if line.startswith('model name'):
+                return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or 'unknown'
+
+
+def evaluate(model_path: Path, gp_path: Path, data: Path, latency_runs: int = 200,
+             threads: int = 2, progress: bool = True) -> dict[str, Any]:
+    """All metrics of a saved detector and GP on ``data/test`` and ``data/test_unknown``."""
+    import torch
+
+    from uq_perception.detector import load_detector
+    from uq_perception.detector_data import load_split
+    from uq_perception.ntk_gp import LastLayerNTKGP
+
+    torch.set_num_threads(threads)
+    model = load_detector(model_path)
+    gp = LastLayerNTKGP.load(gp_path, feature_dim=model.embedding_dim,
+                             class_names=model.class_names, model_id=model.model_id)
+    size = model.input_size
+    test = load_split(data / 'test', size, class_names=model.class_names)
+    test_unknown = load_split(data / 'test_unknown', size, class_names=model.class_names)
+    report: dict[str, Any] = {
+        'model_id': model.model_id,
+        'model': str(model_path),
+        'gp': str(gp_path),
+        'data': str(data),
+        'gp_gating': gp.config.gating.value,
+        'gp_experts': gp.num_experts,
+        'detection_test': evaluate_detection(model, test, gp, progress=progress),
+    }
+    report['uncertainty'] = evaluate_uncertainty(model, gp, test, test_unknown,
+                                                 progress=progress)
+    report['latency_ms'] = measure_latency(model, gp, runs=latency_runs)
+    report['date'] = time.strftime('%Y-%m-%d %H:%M:%S %Z')
+    return report
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Evaluate the detector and its NTK-GP on simulator test splits (prints JSON)."""
+    parser.add_argument('--data', type=Path, required=True,
+                        help='dataset directory with test/ and test_unknown/')
+    parser.add_argument('--model', type=Path, default=Path('models/detector.pt'))
+    parser.add_argument('--gp', type=Path, default=Path('models/detector_gp.npz'))
+    parser.add_argument('--out', type=Path, default=None, help='also write the JSON here')
+    parser.add_argument('--latency-runs', type=int, default=200)
+    parser.add_argument('--threads', type=int, default=2, help='torch CPU threads')
+    parser.add_argument('--no-progress', action='store_true', help='hide progress bars')
+    parser.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    report = evaluate(args.model, args.gp, args.data, latency_runs=args.latency_runs,
+                      threads=args.threads, progress=not args.no_progress)
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + '\n')
+    return 0

@@ -1,0 +1,434 @@
+"""Training of the CenterNet detector and fitting of its NTK-GP (ROS-free; ``uq train``).
+
+``uq train --data DIR --out models/`` trains the detector on ``DIR/train`` (CPU, fixed
+seed), checks it on ``DIR/val``, extracts the embeddings of the ground-truth objects of
+``DIR/train``, fits the last-layer NTK-GP on the classification head, chooses the gating
+(number of experts) on held-out validation NLL, calibrates the probit factor, temperature
+and OOD threshold on ``DIR/val``, and writes ``detector.pt`` and ``detector_gp.npz`` with a
+shared model id. ``--generate-data N`` renders the simulator dataset into ``DIR`` first, so
+one command reproduces both files from scratch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+    from uq_perception.detector import CenterNetDetector
+    from uq_perception.detector_data import DetectionSplit, Targets
+    from uq_perception.ntk_gp import LastLayerNTKGP
+
+DETECTOR_FILE = 'detector.pt'
+GP_FILE = 'detector_gp.npz'
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyperparameters of detector training.
+
+    Attributes
+    ----------
+    epochs : int
+        Passes over the training split.
+    batch_size : int
+        Images per step.
+    learning_rate : float
+        Peak AdamW learning rate (linear warm-up, then cosine decay to 2 % of it).
+    weight_decay : float
+        AdamW weight decay.
+    warmup_steps : int
+        Steps of linear warm-up.
+    embedding_dim : int
+        Dimension ``D`` of the per-detection embedding.
+    class_weight, size_weight, offset_weight : float
+        Weights of the cross-entropy, log-size L1 and offset L1 losses (the focal
+        heatmap loss has weight 1).
+    crop : tuple[int, int] | None
+        ``(height, width)`` of random training crops (multiples of 16; None: whole
+        images). Crops make a step cheaper; objects keep their scale.
+    seed : int
+        Seed of initialisation, shuffling and augmentation.
+    threads : int
+        torch CPU threads.
+    """
+
+    epochs: int = 14
+    batch_size: int = 16
+    learning_rate: float = 3e-3
+    weight_decay: float = 1e-4
+    warmup_steps: int = 200
+    embedding_dim: int = 64
+    class_weight: float = 1.0
+    size_weight: float = 1.0
+    offset_weight: float = 1.0
+    crop: tuple[int, int] | None = (160, 224)
+    seed: int = 0
+    threads: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ('epochs', 'batch_size', 'embedding_dim', 'threads'):
+            if getattr(self, name) < 1:
+                raise ValueError(f'{name} must be >= 1, got {getattr(self, name)}')
+        for name in ('learning_rate', 'class_weight', 'size_weight', 'offset_weight'):
+            if not getattr(self, name) > 0:
+                raise ValueError(f'{name} must be > 0, got {getattr(self, name)}')
+        if self.weight_decay < 0 or self.warmup_steps < 0:
+            raise ValueError('weight_decay and warmup_steps must be >= 0')
+        if self.crop is not None and (len(self.crop) != 2 or any(
+                c < 16 or c % 16 for c in self.crop)):
+            raise ValueError(f'crop must be (height, width), multiples of 16, got {self.crop}')
+
+
+def focal_loss(heatmap_logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """CenterNet's penalty-reduced focal loss, normalised by the number of centres.
+
+    Cells where ``target == 1`` are centres; elsewhere the Gaussian target lowers the
+    penalty for firing near a centre by ``(1 - target)^4``.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    pos = target.eq(1.0).float()
+    prob = torch.sigmoid(heatmap_logits)
+    # log-sigmoid is stable where log(sigmoid) would underflow.
+    log_p = F.logsigmoid(heatmap_logits)
+    log_not_p = F.logsigmoid(-heatmap_logits)
+    pos_loss = -((1 - prob) ** 2) * log_p * pos
+    neg_loss = -((1 - target) ** 4) * prob ** 2 * log_not_p * (1 - pos)
+    return (pos_loss.sum() + neg_loss.sum()) / pos.sum().clamp(min=1.0)
+
+
+def detection_loss(model: CenterNetDetector, maps: dict[str, torch.Tensor], targets: Targets,
+                   config: TrainConfig) -> dict[str, torch.Tensor]:
+    """Weighted loss terms of a batch: ``total``, ``heatmap``, ``size``, ``offset``, ``class``."""
+    import torch
+    import torch.nn.functional as F
+
+    from uq_perception.detector import gather_cells
+
+    heat = focal_loss(maps['heatmap_logits'], targets.heatmap)
+    mask = targets.mask.unsqueeze(2)
+    count = targets.mask.sum().clamp(min=1.0)
+    size = (torch.abs(gather_cells(maps['size'], targets.index) - targets.size) * mask).sum()
+    offset = (torch.abs(gather_cells(maps['offset'], targets.index) - targets.offset)
+              * mask).sum()
+    size, offset = size / count, offset / count
+    taught = targets.label >= 0
+    if bool(taught.any()):
+        logits = model.head(model.embed_cells(maps, targets.index))
+        cls = F.cross_entropy(logits[taught], targets.label[taught])
+    else:
+        cls = heat.new_zeros(())
+    total = heat + config.size_weight * size + config.offset_weight * offset \
+        + config.class_weight * cls
+    return {'total': total, 'heatmap': heat, 'size': size, 'offset': offset, 'class': cls}
+
+
+def _batches(count: int, batch_size: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    order = rng.permutation(count)
+    for start in range(0, count, batch_size):
+        yield order[start:start + batch_size]
+
+
+def class_targets(split: DetectionSplit, index: int) -> np.ndarray:
+    """Labels of one image's objects for the class loss (-1: no class taught)."""
+    return np.where(split.classifiable(index), split.labels[index], -1)
+
+
+def train_detector(train: DetectionSplit, config: TrainConfig, progress: bool = True,
+                   log: Any = print) -> tuple[CenterNetDetector, list[dict[str, float]]]:
+    """Train a detector on a split.
+
+    Parameters
+    ----------
+    train : DetectionSplit
+        Training images at the model input size.
+    config : TrainConfig
+        Hyperparameters.
+    progress : bool
+        Show a progress bar.
+    log : callable
+        Receives one summary line per epoch.
+
+    Returns
+    -------
+    tuple[CenterNetDetector, list[dict[str, float]]]
+        The trained model (eval mode) and per-epoch mean losses.
+    """
+    import torch
+    from tqdm import tqdm
+
+    from uq_perception.detector import STRIDE, CenterNetDetector
+    from uq_perception.detector_data import augment, build_targets
+
+    if len(train) == 0:
+        raise ValueError('the training split has no images')
+    torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    rng = np.random.default_rng(config.seed)
+    height, width = train.images.shape[1:3]
+    model = CenterNetDetector(train.class_names, embedding_dim=config.embedding_dim,
+                              input_size=(height, width))
+    optimiser = torch.optim.AdamW(model.parameters(), lr=config.learning_rate,
+                                  weight_decay=config.weight_decay)
+    steps_per_epoch = math.ceil(len(train) / config.batch_size)
+    total_steps = steps_per_epoch * config.epochs
+
+    def schedule(step: int) -> float:
+        if step < config.warmup_steps:
+            return (step + 1) / config.warmup_steps
+        t = (step - config.warmup_steps) / max(total_steps - config.warmup_steps, 1)
+        return 0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, schedule)
+    history: list[dict[str, float]] = []
+    bar = tqdm(total=total_steps, desc='training', unit='step', disable=not progress)
+    model.train()
+    try:
+        for epoch in range(config.epochs):
+            sums: dict[str, float] = {}
+            steps = 0
+            for batch in _batches(len(train), config.batch_size, rng):
+                images, boxes, labels = augment(
+                    train.images[batch], [train.boxes[i] for i in batch],
+                    [class_targets(train, i) for i in batch], rng, crop=config.crop)
+                targets = build_targets(boxes, labels, (images.shape[2] // STRIDE,
+                                                        images.shape[3] // STRIDE))
+                losses = detection_loss(model, model.feature_maps(images), targets, config)
+                optimiser.zero_grad(set_to_none=True)
+                losses['total'].backward()
+                optimiser.step()
+                scheduler.step()
+                values = {key: float(value.detach()) for key, value in losses.items()}
+                for key, value in values.items():
+                    sums[key] = sums.get(key, 0.0) + value
+                steps += 1
+                bar.update(1)
+                bar.set_postfix(epoch=epoch + 1, loss=f'{values["total"]:.3f}')
+            record = {key: value / steps for key, value in sums.items()}
+            record['epoch'] = epoch + 1
+            history.append(record)
+            log(f'epoch {epoch + 1}/{config.epochs}: ' + ', '.join(
+                f'{k} {v:.4f}' for k, v in record.items() if k != 'epoch'))
+    finally:
+        bar.close()
+    return model.eval(), history
+
+
+def ground_truth_embeddings(model: CenterNetDetector, split: DetectionSplit,
+                            batch_size: int = 32, progress: bool = False
+                            ) -> tuple[np.ndarray, np.ndarray]:
+    """Embeddings ``phi`` at the centre cells of the classifiable known objects.
+
+    The centre cell is where the detector's heatmap peaks for a found object, so these are
+    the embeddings the detector produces at inference.
+
+    Returns
+    -------
+    tuple[np.ndarray, np.ndarray]
+        ``(N, D)`` float32 embeddings and ``(N,)`` int64 class labels.
+    """
+    import torch
+    from tqdm import tqdm
+
+    from uq_perception.detector_data import build_targets, images_to_tensor
+
+    features, labels = [], []
+    model.eval()
+    starts = range(0, len(split), batch_size)
+    with torch.no_grad():
+        for start in tqdm(starts, desc=f'embeddings {split.name}', unit='batch',
+                          disable=not progress):
+            idx = list(range(start, min(start + batch_size, len(split))))
+            targets = build_targets([split.boxes[i] for i in idx],
+                                    [class_targets(split, i) for i in idx], model.output_size)
+            maps = model.feature_maps(images_to_tensor(split.images[idx]))
+            phi = model.embed_cells(maps, targets.index)
+            keep = targets.label >= 0
+            features.append(phi[keep].numpy())
+            labels.append(targets.label[keep].numpy())
+    dim = model.embedding_dim
+    return (np.concatenate(features).astype(np.float32) if features else np.zeros((0, dim)),
+            np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class GPCandidate:
+    """One gating choice of the NTK-GP and its held-out validation NLL."""
+
+    gating: str
+    num_experts: int
+    validation_nll: float
+
+
+def fit_gp(model: CenterNetDetector, model_id: str, train_features: np.ndarray,
+           train_labels: np.ndarray, val_features: np.ndarray, val_labels: np.ndarray,
+           candidates: tuple[tuple[str, int], ...] = (('kmeans', 1), ('kmeans', 4),
+                                                      ('class', 0)),
+           seed: int = 0, log: Any = print) -> tuple[LastLayerNTKGP, list[GPCandidate]]:
+    """Fit the last-layer NTK-GP and choose its gating on validation data.
+
+    Every candidate gating is fitted on the training embeddings, its probit factor and
+    temperature are calibrated on one half of the validation embeddings, and it is scored
+    by the NLL on the other half. The winner (lowest NLL; fewer experts on a tie within
+    0.001 nats) is recalibrated on all validation embeddings, including its OOD threshold.
+
+    Parameters
+    ----------
+    candidates : tuple[tuple[str, int], ...]
+        ``(gating, num_experts)`` pairs; class gating uses one expert per class (pass 0).
+    """
+    from uq_perception.metrics import nll
+    from uq_perception.ntk_gp import Gating, LastLayerNTKGP, NTKGPConfig
+
+    if len(val_labels) < 4:
+        raise ValueError('need at least 4 validation objects to choose the GP gating')
+    weight = model.head.weight.detach().cpu().numpy()
+    bias = model.head.bias.detach().cpu().numpy()
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(val_labels))
+    half_a, half_b = order[: len(order) // 2], order[len(order) // 2:]
+
+    def build(gating: str, experts: int) -> LastLayerNTKGP:
+        mode = Gating(gating)
+        config = NTKGPConfig(num_experts=len(model.class_names) if mode is Gating.CLASS
+                             else experts, gating=mode, seed=seed)
+        gp = LastLayerNTKGP(weight, bias, config=config, class_names=model.class_names,
+                            model_id=model_id)
+        return gp.fit(train_features, train_labels)
+
+    scored: list[GPCandidate] = []
+    best: tuple[float, int, str, int] | None = None
+    for gating, experts in candidates:
+        gp = build(gating, experts)
+        gp.calibrate_probabilities(val_features[half_a], val_labels[half_a])
+        score = nll(gp.predict(val_features[half_b]).probabilities, val_labels[half_b])
+        scored.append(GPCandidate(gating, gp.num_experts, score))
+        log(f'NTK-GP {gating} x{gp.num_experts}: held-out validation NLL {score:.4f}')
+        key = (round(score, 3), gp.num_experts, gating, experts)
+        if best is None or key < best:
+            best = key
+    assert best is not None
+    gp = build(best[2], best[3])
+    gp.calibrate_probabilities(val_features, val_labels)
+    gp.calibrate_ood(val_features)
+    return gp, scored
+
+
+def _commit_of(path: Path) -> str:
+    import subprocess
+
+    try:
+        out = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=path, capture_output=True,
+                             text=True, timeout=10, check=False)
+    except OSError:
+        return 'unknown'
+    return out.stdout.strip() or 'unknown'
+
+
+def run_training(data: Path, out: Path, config: TrainConfig, progress: bool = True,
+                 max_images: int | None = None, log: Any = print) -> dict[str, Any]:
+    """Train, fit the GP, save both artefacts; returns a summary (also in the metadata)."""
+    import torch
+
+    from uq_perception.detector import model_digest, save_detector
+    from uq_perception.detector_data import load_split
+
+    started = time.time()
+    torch.set_num_threads(config.threads)
+    train = load_split(data / 'train', max_images=max_images)
+    val = load_split(data / 'val', class_names=train.class_names, max_images=max_images)
+    log(f'data: {len(train)} train images ({train.num_objects} objects), {len(val)} val '
+        f'images ({val.num_objects} objects); classes {train.class_names}')
+    model, history = train_detector(train, config, progress=progress, log=log)
+    train_seconds = time.time() - started
+
+    from uq_perception.detector_eval import evaluate_detection
+
+    val_metrics = evaluate_detection(model, val, progress=progress)
+    log(f'validation AP@0.5 {val_metrics["ap50_mean"]:.4f} '
+        f'(per class {val_metrics["ap50_per_class"]})')
+    model_id = f'centernet-{model_digest(model)[:16]}'
+    train_phi, train_y = ground_truth_embeddings(model, train, progress=progress)
+    val_phi, val_y = ground_truth_embeddings(model, val, progress=progress)
+    gp, candidates = fit_gp(model, model_id, train_phi, train_y, val_phi, val_y,
+                            seed=config.seed, log=log)
+    manifest_path = data / 'dataset.json'
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    summary = {
+        'model_id': model_id,
+        'train_config': asdict(config),
+        'dataset': {'path': str(data), 'seed': manifest.get('seed'), 'n': manifest.get('n'),
+                    'counts': manifest.get('counts'), 'train_images': len(train),
+                    'val_images': len(val)},
+        'history': history,
+        'validation': {k: v for k, v in val_metrics.items() if k != 'latency_ms'},
+        'gp': {'gating': gp.config.gating.value, 'num_experts': gp.num_experts,
+               'candidates': [asdict(c) for c in candidates],
+               'train_objects': int(len(train_y)), 'val_objects': int(len(val_y)),
+               'ood_threshold': gp.ood_threshold, 'probit_lambda': gp.probit_lambda,
+               'temperature': gp.temperature},
+        'train_seconds': round(train_seconds, 1),
+        'total_seconds': round(time.time() - started, 1),
+        'torch': str(torch.__version__),
+        'git_commit': _commit_of(Path(__file__).resolve().parent),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    save_detector(model, out / DETECTOR_FILE, model_id=model_id, metadata=summary)
+    gp.save(out / GP_FILE)
+    log(f'wrote {out / DETECTOR_FILE} and {out / GP_FILE} (model id {model_id}) in '
+        f'{summary["total_seconds"]:.0f} s')
+    return summary
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Train the detector on a simulator dataset and fit its NTK-GP."""
+    defaults = TrainConfig()
+    parser.add_argument('--data', type=Path, required=True,
+                        help='dataset directory with train/ and val/ (from `uq sim dataset`)')
+    parser.add_argument('--out', type=Path, default=Path('models'),
+                        help=f'directory for {DETECTOR_FILE} and {GP_FILE}')
+    parser.add_argument('--generate-data', type=int, metavar='N', default=None,
+                        help='first render an N-image simulator dataset into --data')
+    parser.add_argument('--data-seed', type=int, default=0,
+                        help='seed of the generated dataset (with --generate-data)')
+    parser.add_argument('--workers', type=int, default=2,
+                        help='rendering processes (with --generate-data)')
+    parser.add_argument('--epochs', type=int, default=defaults.epochs)
+    parser.add_argument('--batch-size', type=int, default=defaults.batch_size)
+    parser.add_argument('--lr', type=float, default=defaults.learning_rate)
+    parser.add_argument('--embedding-dim', type=int, default=defaults.embedding_dim)
+    parser.add_argument('--seed', type=int, default=defaults.seed)
+    parser.add_argument('--threads', type=int, default=defaults.threads,
+                        help='torch CPU threads')
+    parser.add_argument('--max-images', type=int, default=None,
+                        help='use only the first images of each split (quick runs)')
+    parser.add_argument('--no-progress', action='store_true', help='hide progress bars')
+    parser.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size,
+                         learning_rate=args.lr, embedding_dim=args.embedding_dim,
+                         seed=args.seed, threads=args.threads)
+    if args.generate_data is not None:
+        from uq_sim.dataset import generate_dataset
+
+        generate_dataset(args.data, args.generate_data, seed=args.data_seed,
+                         workers=args.workers, progress=not args.no_progress)
+    summary = run_training(args.data, args.out, config, progress=not args.no_progress,
+                           max_images=args.max_images)
+    print(json.dumps({k: summary[k] for k in ('model_id', 'validation', 'gp',
+                                              'train_seconds', 'total_seconds')}, indent=1))
+    return 0
