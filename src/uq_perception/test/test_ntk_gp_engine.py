@@ -298,6 +298,14 @@ def test_bad_inputs_raise_specific_errors(data):
         gp.update(np.full(D, np.nan), 0)
     with pytest.raises(ValueError, match=r'labels must lie in \[0, 4\)'):
         LastLayerNTKGP(w, b).fit(x, y + 1)
+    # A fit that fails midway (k-means already rerun on the first chunk) changes nothing.
+    clustered = LastLayerNTKGP(w, b, NTKGPConfig(num_experts=3, kmeans_samples=100)).fit(x, y)
+    before = clustered.predict(x[:50])
+    with pytest.raises(ValueError, match='non-finite'):
+        clustered.fit(iter([(2.0 * x[100:200], y[100:200]), (bad, y[:3])]))
+    after = clustered.predict(x[:50])
+    np.testing.assert_array_equal(after.gp_variance, before.gp_variance)
+    np.testing.assert_array_equal(after.expert_id, before.expert_id)
     with pytest.raises(ValueError, match='zero feature rows'):
         LastLayerNTKGP(w, b).fit(x[:0], y[:0])
     with pytest.raises(ValueError, match='at least 2 classes'):

@@ -89,6 +89,7 @@ non-negative by concavity of the entropy for any set of draws).
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -668,7 +669,6 @@ class LastLayerNTKGP:
         self._extra_residual = np.zeros((m, 0, p))
         self._sigma2 = np.full(m, np.nan)
         self._delta = np.full(m, np.nan)
-        self._pooled = (math.nan, math.nan)
         self._covariance = np.zeros((m, p, p))
         self._extra_weight = np.zeros((m, 0, p))
         self._updates = np.zeros(m, dtype=np.int64)
@@ -738,7 +738,6 @@ class LastLayerNTKGP:
                 if not (np.isfinite(v).all() and (v > 0).all()):
                     raise ValueError(f'{name} must be finite and > 0, got {v}')
             self._sigma2, self._delta = s2.copy(), dl.copy()
-            self._pooled = (float(np.exp(np.log(s2).mean())), float(np.exp(np.log(dl).mean())))
             if self._fitted:
                 self._refactor(range(self.num_experts))
 
@@ -755,8 +754,8 @@ class LastLayerNTKGP:
             and their Gram matrices accumulated with BLAS, so memory is O(chunk + M D^2).
         labels : np.ndarray, optional
             ``(N,)`` integer labels for an array input. Missing labels are replaced by the
-            head's predicted class (the targets of the marginal likelihood and, for class
-            gating, the partition then follow the network's own predictions).
+            head's predicted class (the targets of the marginal likelihood then follow the
+            network's own predictions).
         keep_gating : bool
             Reuse the current centroids instead of running k-means.
         keep_hyperparameters : bool
@@ -776,13 +775,19 @@ class LastLayerNTKGP:
                                  'or call set_hyperparameters')
             if keep_gating and not self._fitted and self._needs_kmeans():
                 raise ValueError('keep_gating=True needs fitted centroids')
-            chunks = self._iter_chunks(features, labels)
-            if self._needs_kmeans() and not keep_gating:
-                chunks = self._fit_kmeans(features, labels, chunks)
-            self._accumulate(chunks)
-            if not keep_hyperparameters:
-                self._fit_hyperparameters()
-            self._refactor(range(self.num_experts))
+            # A failed fit (bad chunk midway) must leave the previous posterior intact.
+            backup = copy.deepcopy(self.__getstate__())
+            try:
+                chunks = self._iter_chunks(features, labels)
+                if self._needs_kmeans() and not keep_gating:
+                    chunks = self._fit_kmeans(features, labels, chunks)
+                self._accumulate(chunks)
+                if not keep_hyperparameters:
+                    self._fit_hyperparameters()
+                self._refactor(range(self.num_experts))
+            except BaseException:
+                self.__dict__.update(backup)
+                raise
             self._updates[:] = 0
             self._fitted = True
             return self
@@ -938,7 +943,7 @@ class LastLayerNTKGP:
                                           c - 1)
 
     def _fit_hyperparameters(self) -> None:
-        self._sigma2, self._delta, self._pooled = fit_expert_hyperparameters(
+        self._sigma2, self._delta, _ = fit_expert_hyperparameters(
             [self._evidence(g, h) for g, h in zip(self._gram, self._class_sums, strict=True)],
             self._evidence(self._gram.sum(0), self._class_sums.sum(0)),
             [int(round(g[-1, -1])) for g in self._gram],
@@ -1214,7 +1219,6 @@ class LastLayerNTKGP:
                 'num_base_classes': self.num_base_classes, 'model_id': self.model_id,
                 'config': config, 'ood_threshold': self.ood_threshold,
                 'probit_lambda': self.probit_lambda, 'temperature': self.temperature,
-                'pooled': list(self._pooled),
             }
             arrays = {
                 'weight': self._weight, 'bias': self._bias, 'centroids': self._centroids,
@@ -1320,7 +1324,6 @@ class LastLayerNTKGP:
         model._extra_weight = np.zeros((m, c - base, p))
         model._sigma2 = arrays['sigma2'].astype(np.float64)
         model._delta = arrays['delta'].astype(np.float64)
-        model._pooled = (float(meta['pooled'][0]), float(meta['pooled'][1]))
         model._covariance = np.zeros((m, p, p))
         model._updates = np.zeros(m, dtype=np.int64)
         threshold = meta['ood_threshold']
