@@ -338,8 +338,21 @@ def test_torch_query_matches_and_traces(data):
     reference = gp.predict(x[:16])
     np.testing.assert_array_equal(expert.numpy(), reference.expert_id)
     np.testing.assert_allclose(variance.numpy(), reference.gp_variance, rtol=1e-3, atol=1e-7)
-    traced = torch.jit.trace(gp_variance_torch, (queries, tensors['centroids'],
-                                                 tensors['precision_inverse']))
-    again, _ = traced(queries * 2.0, tensors['centroids'], tensors['precision_inverse'])
-    np.testing.assert_allclose(again.numpy(), gp.gp_variance(x[:16] * 2.0), rtol=1e-3,
-                               atol=1e-7)
+
+    class Query(torch.nn.Module):
+        def forward(self, features, centroids, precision_inverse):
+            return gp_variance_torch(features, centroids, precision_inverse)
+
+    # Exportable with a dynamic batch and the GP matrices as runtime inputs.
+    exported = torch.export.export(
+        Query(), (queries, tensors['centroids'], tensors['precision_inverse']),
+        dynamic_shapes=({0: torch.export.Dim('batch')}, None, None)).module()
+    again, _ = exported(queries[:5] * 2.0, tensors['centroids'], tensors['precision_inverse'])
+    np.testing.assert_allclose(again.numpy(), gp.gp_variance(x[:5] * 2.0), rtol=1e-3, atol=1e-7)
+    by_class = LastLayerNTKGP(w, b, NTKGPConfig(gating=Gating.CLASS)).fit(x, y)
+    logits = torch.tensor(x[:16] @ w.T + b)
+    variance, expert = gp_variance_torch(queries, **by_class.gp_tensors(),
+                                         expert_id=logits.argmax(1))
+    reference = by_class.predict(x[:16])
+    np.testing.assert_array_equal(expert.numpy(), reference.expert_id)
+    np.testing.assert_allclose(variance.numpy(), reference.gp_variance, rtol=1e-3, atol=1e-7)
