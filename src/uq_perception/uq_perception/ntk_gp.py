@@ -31,8 +31,8 @@ Features are partitioned by hard gating into ``M`` experts: k-means centroids (i
 to the nearest centroid), or one expert per class of the head (inputs go to the head's
 predicted class ``argmax(W phi + b)``, the same rule at fit, update and query time, so
 an expert models exactly the region routed to it, including the network's mistakes).
-Each expert ``m`` has its own ``A_m`` and its own ``(sigma_m^2, delta_m)``. ``M = 1`` is
-the plain last-layer GP.
+Each expert ``m`` has its own ``A_m`` and hyperparameters ``(sigma_m^2, delta_m)`` (below).
+``M = 1`` is the plain last-layer GP.
 
 Hyperparameters
 ---------------
@@ -45,7 +45,9 @@ linear regression ``Y = Phi~ Theta + E`` with targets the centred one-hot labels
 
 Each target row sums to zero, so in an orthonormal basis of the centred subspace one of
 the C output coordinates is identically zero: the evidence counts ``C - 1`` outputs
-(counting the zero one as an observation would reward ``sigma^2 -> 0``).
+(counting the zero one as an observation would reward ``sigma^2 -> 0``). The posterior
+``A_m`` still conditions every class on all points, as in the model above; only the
+evidence leaves out the coordinate that says nothing about the hyperparameters.
 
 Why these targets: the evidence is closed form only for a Gaussian likelihood, and
 regressing one-hot labels is the standard NTK/NNGP treatment of classification; the
