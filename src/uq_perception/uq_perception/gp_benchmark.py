@@ -17,7 +17,10 @@ the same machine, and prints one JSON object per line:
 - ``query_overhead_ratio``: per-image query time / ``forward_ms``.
 
 The features are a mixture of Gaussian blobs, each blob one class, with a linear head of
-class means, so k-means and the evidence see structured data.
+class means, so k-means and the evidence see structured data. Torch runs with
+``--threads`` threads (default 1; see ``--help``); the figures also record the torch
+thread count, the CPU count and the 1-minute load average, because a CPU shared with
+other processes changes them a lot.
 """
 
 from __future__ import annotations
@@ -48,8 +51,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--chunk', type=int, default=16384, help='rows per streamed chunk')
     parser.add_argument('--detections', type=int, default=20,
                         help='detections per image for the query cost')
-    parser.add_argument('--threads', type=int, default=0,
-                        help='torch threads in the worker (0: library default)')
+    parser.add_argument('--threads', type=int, default=1,
+                        help='torch threads in the worker, for the fit and the forward pass '
+                             '(0: library default). 1 by default: on a CPU shared with other '
+                             'processes (a robot running the detector) spinning OpenMP threads '
+                             'can slow torch down tenfold')
     parser.add_argument('--quick', action='store_true',
                         help=f'small smoke run: {_QUICK} unless given explicitly')
     parser.set_defaults(run=run)
@@ -62,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     grid = [(n, d, m) for n in args.n or defaults['n'] for d in args.dim or defaults['dim']
             for m in args.experts or defaults['experts']]
     for n, d, m in grid:
-        if min(n, d, m, args.chunk, args.detections) < 1 or args.classes < 2 or n < m:
+        if min(n, d, m, args.chunk, args.detections) < 1 or args.classes < 2 or n < m \
+                or args.threads < 0:
             print(f'uq bench gp: invalid configuration n={n} dim={d} experts={m} '
                   f'classes={args.classes}', file=sys.stderr)
             return 2
