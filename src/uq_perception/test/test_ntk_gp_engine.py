@@ -7,14 +7,18 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from uq_perception.ntk_gp import (
     Gating,
     LastLayerNTKGP,
     NTKGPConfig,
+    antithetic_normal_draws,
     gp_variance_torch,
     kmeans,
     spd_inverse,
+    summarise_gaussian_logits,
 )
 
 D, C = 8, 4
@@ -356,3 +360,21 @@ def test_torch_query_matches_and_traces(data):
     reference = by_class.predict(x[:16])
     np.testing.assert_array_equal(expert.numpy(), reference.expert_id)
     np.testing.assert_allclose(variance.numpy(), reference.gp_variance, rtol=1e-3, atol=1e-7)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 6), st.integers(1, 5), st.floats(0.0, 50.0), st.floats(0.0, 1e4),
+       st.integers(0, 2**31 - 1))
+def test_entropy_decomposition_invariants(classes, rows, logit_scale, variance_scale, seed):
+    rng = np.random.default_rng(seed)
+    mean = logit_scale * rng.standard_normal((rows, classes))
+    variance = variance_scale * rng.random((rows, 1))
+    draws = antithetic_normal_draws(32, classes, seed=0)
+    probs, total, expected, mutual = summarise_gaussian_logits(mean, variance, draws,
+                                                               math.pi / 8, 1.0)
+    for values in (probs, total, expected, mutual):
+        assert np.isfinite(values).all()
+    np.testing.assert_allclose(probs.sum(1), 1.0)
+    assert (mutual >= 0).all() and (expected >= -1e-12).all()
+    assert (total <= math.log(classes) + 1e-9).all()
+    np.testing.assert_allclose(total - expected, mutual, atol=1e-9)
