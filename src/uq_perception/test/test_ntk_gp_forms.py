@@ -1,5 +1,6 @@
 """The two exact NTK-GP forms agree with each other and with a brute-force GP (float64)."""
 
+import logging
 import math
 
 import numpy as np
@@ -145,3 +146,24 @@ def test_shared_noise_maximises_the_summed_expert_evidence(problem):
     own = LastLayerNTKGP(*head, NTKGPConfig(num_experts=2, shared_noise=False)).fit(feats, labels)
     for e in range(2):
         assert own.log_marginal_likelihood(e) >= gp.log_marginal_likelihood(e) - 1e-9
+
+
+def test_function_space_caps_experts_and_validates(problem, caplog):
+    model, inputs, queries, _, _, labels, _ = problem
+    with caplog.at_level(logging.WARNING, logger='uq_perception.ntk_function_space'):
+        gp = FunctionSpaceNTKGP(model, max_system_size=10 * C).fit(inputs, labels)
+    assert 'capped to 10' in caplog.text
+    assert gp._experts[0]['jac'].shape == (10, C, C * (D + 1))
+    threshold = gp.calibrate_ood(inputs)
+    assert gp.predict(inputs).out_of_distribution.mean() <= 0.1
+    assert threshold == gp.ood_threshold > 0
+    with pytest.raises(ValueError, match='unknown or empty parameter names'):
+        FunctionSpaceNTKGP(model, ['0.weight', 'nope'])
+    with pytest.raises(ValueError, match='not fitted'):
+        FunctionSpaceNTKGP(model).predict(queries)
+    model.train()
+    try:
+        with pytest.raises(ValueError, match='eval mode'):
+            FunctionSpaceNTKGP(model)
+    finally:
+        model.eval()
