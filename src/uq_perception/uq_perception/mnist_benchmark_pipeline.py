@@ -117,6 +117,8 @@ PRIMARY_SCORES: dict[Method, tuple[Score, Score]] = {
 BASELINES = (Method.MSP, Method.TEMPERATURE, Method.MC_DROPOUT_10, Method.MC_DROPOUT_30,
              Method.ENSEMBLE)
 NTK_GP_METHODS = (Method.NTK_GP_1, Method.NTK_GP_M)
+# Timing entry for the NTK-GP variance alone (the cost breakdown).
+_VARIANCE_ONLY = 'ntk_gp_1_variance_only'
 
 # Targets of the NTK-GP (issue 4).
 TARGET_ECE = 0.01
@@ -148,7 +150,7 @@ class BenchmarkConfig:
     timing_batch : int
         Batch size of the cost measurement.
     timing_rounds : int
-        Timed calls per method (the best and the median are reported).
+        Timed calls per method (medians and the wall-clock best are reported).
     timing_warmup : int
         Untimed calls per method before timing.
     seed : int
@@ -344,9 +346,9 @@ def _run_stage(stage: Callable[[torch.Tensor], Any], x: torch.Tensor, batch: int
     return np.concatenate(parts, axis=axis)
 
 
-def _end_to_end(stage: Callable[[torch.Tensor], Any], post: Callable[[Any], Prediction]
-                ) -> Callable[[torch.Tensor], Prediction]:
-    def method(x: torch.Tensor) -> Prediction:
+def _end_to_end(stage: Callable[[torch.Tensor], Any], post: Callable[[Any], Any]
+                ) -> Callable[[torch.Tensor], Any]:
+    def method(x: torch.Tensor) -> Any:
         return post(stage(x))
     return method
 
@@ -354,29 +356,48 @@ def _end_to_end(stage: Callable[[torch.Tensor], Any], post: Callable[[Any], Pred
 # --------------------------------------------------------------------------- timing
 
 
-def _time_methods(functions: Mapping[str, Callable[[torch.Tensor], Any]], x: torch.Tensor,
-                  config: BenchmarkConfig) -> tuple[dict[str, float], dict[str, float]]:
-    """Best and median seconds per call of each function on batch ``x`` after warm-up.
+@dataclass(frozen=True)
+class Timings:
+    """Seconds per call on the timing batch, by function name.
 
-    Calls are interleaved round by round so slow phases of a shared CPU hit every method
-    alike instead of whichever happened to run then. The best (minimum) time is the
-    least disturbed by other processes (the reasoning of Python's ``timeit``) and is what
-    the cost ratios use; the median is reported beside it.
+    Attributes
+    ----------
+    cpu_median : dict
+        Median process CPU time (all threads). Other programs on a shared CPU delay a call
+        but do not add to its CPU time, so this is the cost measure the ratios use.
+    wall_median, wall_best : dict
+        Median and minimum wall-clock time, reported alongside.
+    """
+
+    cpu_median: dict[str, float]
+    wall_median: dict[str, float]
+    wall_best: dict[str, float]
+
+
+def _time_methods(functions: Mapping[str, Callable[[torch.Tensor], Any]], x: torch.Tensor,
+                  config: BenchmarkConfig) -> Timings:
+    """Time each function on batch ``x`` after warm-up, ``timing_rounds`` calls each.
+
+    Calls are interleaved round by round, in a rotating order, so slow phases of a shared
+    CPU hit every method alike instead of whichever happened to run then.
     """
     for fn in functions.values():
         for _ in range(config.timing_warmup):
             fn(x)
-    samples: dict[str, list[float]] = {name: [] for name in functions}
+    cpu: dict[str, list[float]] = {name: [] for name in functions}
+    wall: dict[str, list[float]] = {name: [] for name in functions}
     names = list(functions)
     for r in range(config.timing_rounds):
-        # Rotate the order so no method always follows the same one.
         for name in names[r % len(names):] + names[:r % len(names)]:
-            start = time.perf_counter()
+            cpu_start, wall_start = time.process_time(), time.perf_counter()
             functions[name](x)
-            samples[name].append(time.perf_counter() - start)
-    best = {name: float(np.min(values)) for name, values in samples.items()}
-    median = {name: float(np.median(values)) for name, values in samples.items()}
-    return best, median
+            wall[name].append(time.perf_counter() - wall_start)
+            cpu[name].append(time.process_time() - cpu_start)
+    return Timings(
+        cpu_median={name: float(np.median(v)) for name, v in cpu.items()},
+        wall_median={name: float(np.median(v)) for name, v in wall.items()},
+        wall_best={name: float(np.min(v)) for name, v in wall.items()},
+    )
 
 
 # --------------------------------------------------------------------------- main
@@ -506,11 +527,13 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
 
     # Evaluation: each stage once per dataset, then every method's post-processing.
     predictions: dict[Method, dict[str, Prediction]] = {m: {} for m in Method}
+    features: dict[str, NDArray[Any]] = {}
     stage_axis = {'base': 0, 'mc10': 1, 'mc30': 1, 'ensemble': 1}
     for set_name, x in tqdm(sets.items(), desc='evaluating', disable=not config.progress,
                             leave=False):
         cached = {key: _run_stage(stage, x, 1000, stage_axis[key])
                   for key, stage in stages.items()}
+        features[set_name] = cached['base'][0]
         for method, (key, post) in posts.items():
             predictions[method][set_name] = post(cached[key])
     clock['evaluated'] = time.perf_counter()
@@ -526,7 +549,11 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
     functions: dict[str, Callable[[torch.Tensor], Any]] = {'forward': forward}
     for method, (key, post) in posts.items():
         functions[method.value] = _end_to_end(stages[key], post)
-    seconds, median_seconds = _time_methods(functions, x_time, config)
+    # Breakdown of the NTK-GP's cost: the variance alone, without the probit probabilities
+    # and the sampled entropy decomposition that ``predict`` adds.
+    functions[_VARIANCE_ONLY] = _end_to_end(
+        base_stage, lambda out: gp_single.gp_variance(out[0]))
+    timings = _time_methods(functions, x_time, config)
     clock['timed'] = time.perf_counter()
 
     # Metrics.
@@ -548,9 +575,10 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
             # Undefined (None) when the test subset has no error or only errors.
             'misclassification_auroc': (metrics.auroc(test_pred.scores[error_score], errors)
                                         if 0 < errors.sum() < errors.size else None),
-            'cost_ratio': seconds[method.value] / seconds['forward'],
-            'cost_ratio_median': median_seconds[method.value] / median_seconds['forward'],
-            'ms_per_image': 1e3 * seconds[method.value] / x_time.shape[0],
+            'cost_ratio': _ratio(timings.cpu_median, method),
+            'cost_ratio_wall_median': _ratio(timings.wall_median, method),
+            'cost_ratio_wall_best': _ratio(timings.wall_best, method),
+            'cpu_ms_per_image': 1e3 * timings.cpu_median[method.value] / x_time.shape[0],
             'score_auroc': {},
         }
         for set_name in OOD_SETS:
@@ -596,8 +624,11 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
         'training_loss': losses,
         'validation_accuracy': metrics.accuracy(val_logits, y_val),
         'expert_selection': selection,
+        'ntk_gp_variance_only_cost_ratio': (timings.cpu_median[_VARIANCE_ONLY]
+                                            / timings.cpu_median['forward']),
+        'diagnostics': _diagnostics(features, predictions),
         'methods': method_results,
-        'timing_seconds_per_batch': {'best': seconds, 'median': median_seconds},
+        'timing_seconds_per_batch': dataclasses.asdict(timings),
         'targets': _targets(method_results),
         'runtime_seconds': {
             'training': clock['trained'] - clock['start'],
@@ -615,6 +646,42 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
         ood_scores={m: {name: predictions[m][name].scores[PRIMARY_SCORES[m][0]]
                         for name in sets} for m in Method},
     )
+
+
+def _diagnostics(features: Mapping[str, NDArray[Any]],
+                 predictions: Mapping[Method, Mapping[str, Prediction]]) -> dict[str, Any]:
+    """Why the GP variance ranks inputs as it does: feature norms and direction.
+
+    The last-layer kernel is linear in ``phi~ = [phi; 1]``, so the GP variance grows with
+    ``|phi~|^2``. Reported per dataset: the mean feature norm, the AUROC (MNIST test vs the
+    unknown set) of ``|phi~|^2`` alone, and of the variance divided by ``|phi~|^2`` (which
+    depends only on the direction of ``phi~``). These are diagnostics computed after the
+    fact, not methods of the benchmark.
+    """
+    sq_norm = {name: (f.astype(np.float64) ** 2).sum(axis=1) + 1.0
+               for name, f in features.items()}
+    known = IN_DISTRIBUTION
+
+    def auroc(score: Mapping[str, NDArray[Any]], name: str) -> float:
+        return metrics.auroc(np.concatenate([score[known], score[name]]),
+                             np.r_[np.zeros(len(score[known]), bool),
+                                   np.ones(len(score[name]), bool)])
+
+    result: dict[str, Any] = {
+        'feature_norm_mean': {name: float(np.sqrt(v - 1.0).mean())
+                              for name, v in sq_norm.items()},
+        'auroc_squared_feature_norm': {name: auroc(sq_norm, name) for name in OOD_SETS},
+    }
+    for method in NTK_GP_METHODS:
+        direction = {name: predictions[method][name].scores[Score.GP_VARIANCE] / sq_norm[name]
+                     for name in features}
+        result[f'auroc_gp_variance_over_squared_norm_{method.value}'] = {
+            name: auroc(direction, name) for name in OOD_SETS}
+    return result
+
+
+def _ratio(seconds: Mapping[str, float], method: Method) -> float:
+    return seconds[method.value] / seconds['forward']
 
 
 def _targets(method_results: Mapping[str, Any]) -> dict[str, Any]:

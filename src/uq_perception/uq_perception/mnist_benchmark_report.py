@@ -114,6 +114,23 @@ def _hyperparameter_text(summary: Mapping[str, Any]) -> str:
     return '\n'.join(lines) + '\n'
 
 
+def _diagnostics_text(summary: Mapping[str, Any]) -> str:
+    diag = summary['diagnostics']
+    names = [IN_DISTRIBUTION, *OOD_SETS]
+    lines = ['| Quantity | ' + ' | '.join(names) + ' |', '|---|' + '---|' * len(names),
+             '| mean feature norm of phi | '
+             + ' | '.join(_fmt(diag['feature_norm_mean'][n], 2) for n in names) + ' |',
+             '| AUROC of squared norm of [phi; 1] | - | '
+             + ' | '.join(_fmt(diag['auroc_squared_feature_norm'][n], 3) for n in OOD_SETS)
+             + ' |']
+    for method in NTK_GP_METHODS:
+        key = f'auroc_gp_variance_over_squared_norm_{method.value}'
+        label = summary['methods'][method.value]['label']
+        lines.append(f'| AUROC of GP variance / squared norm, {label} | - | '
+                     + ' | '.join(_fmt(diag[key][n], 3) for n in OOD_SETS) + ' |')
+    return '\n'.join(lines) + '\n'
+
+
 def results_markdown(summary: Mapping[str, Any]) -> str:
     """The complete ``results.md``: table, target checks, hyperparameters, other scores."""
     data = summary['data']
@@ -124,15 +141,19 @@ def results_markdown(summary: Mapping[str, Any]) -> str:
         + ', '.join(f'{k} ({v})' for k, v in data['ood_images'].items())
         + f". Networks trained on {data['train_images']} MNIST training images; "
         f"{data['validation_images']} held out for every fitted hyperparameter. "
-        f"Cost: best of {summary['config']['timing_rounds']} timed calls on a batch of "
-        f"{summary['config']['timing_batch']} MNIST test images, relative to one forward "
-        'pass of the network timed the same way in the same run.\n\n'
+        f"Cost: median CPU time of {summary['config']['timing_rounds']} calls on a batch of "
+        f"{summary['config']['timing_batch']} MNIST test images (after warm-up), relative to "
+        'one forward pass of the network timed the same way in the same run.\n\n'
         + markdown_table(summary)
         + '\nBold: an NTK-GP AUROC at least the best baseline on that set.\n\n'
         '## Targets (NTK-GP)\n\n' + _targets_text(summary)
         + '\n## Hyperparameters (fitted on the validation split)\n\n'
         + _hyperparameter_text(summary)
         + '\n## OOD AUROC of every available score\n\n' + _score_table(summary)
+        + '\n## Diagnostics (after the fact; not methods of the benchmark)\n\n'
+        + _diagnostics_text(summary)
+        + '\nCost of the NTK-GP variance alone (no probit probabilities, no entropy '
+        f"decomposition), M=1: {summary['ntk_gp_variance_only_cost_ratio']:.3f}x forward.\n"
         + f"\nRun time: {runtime['total']:.0f} s (training {runtime['training']:.0f} s, "
         f"validation fitting {runtime['validation_fitting']:.0f} s, evaluation "
         f"{runtime['evaluation']:.0f} s, timing {runtime['timing']:.0f} s) with "
