@@ -9,7 +9,7 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
-	@$(ENV) python -m uq_sim.demo
+	@$(ENV) uq demo
 
 test: setup
 	@$(ENV) python -m pytest

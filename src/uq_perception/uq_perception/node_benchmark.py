@@ -36,14 +36,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _frames(count: int, height: int = 240, width: int = 320) -> list[np.ndarray]:
-    """Rendered tabletop frames when the simulator is installed, else textured noise."""
-    try:
-        from uq_sim.scenario import render_scenario_frames
-    except ImportError:
-        rng = np.random.default_rng(0)
-        return [rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
-                for _ in range(min(count, 30))]
-    return render_scenario_frames(min(count, 30), width=width, height=height)
+    """Rendered frames of the demo scenario (known and unknown objects on the table)."""
+    from uq_sim.scenario import get_scenario
+    from uq_sim.scene import SceneRenderer
+
+    scenario = get_scenario('tabletop_demo')
+    frames = []
+    with SceneRenderer(width, height) as renderer:
+        renderer.load(scenario.spec)
+        for t in np.linspace(0.0, scenario.duration, min(count, 30), endpoint=False):
+            scenario.apply(renderer, float(t), loop=False)
+            frames.append(renderer.render(visibility=False).rgb)
+    return frames
 
 
 def _bare_forward_ms(model_path: str, gp_path: str, frames: list[np.ndarray],
