@@ -249,6 +249,9 @@ def test_save_load_round_trip_and_validation(tmp_path, data):
 
 
 def _rewrite(path, out, **changes):
+    """Copy a saved state with changed fields, re-signed so that the checks behind the
+    checksum are what is exercised."""
+    from uq_perception.ntk_gp import _arrays_digest
     with np.load(path) as archive:
         arrays = {k: archive[k] for k in archive.files}
     import json
@@ -258,6 +261,7 @@ def _rewrite(path, out, **changes):
             meta[key] = value
         else:
             arrays[key] = value
+    meta['digest'] = _arrays_digest({k: v for k, v in arrays.items() if k != 'meta'})
     arrays['meta'] = np.array(json.dumps(meta))
     with open(out, 'wb') as handle:
         np.savez(handle, **arrays)
@@ -267,9 +271,9 @@ def test_load_rejects_wrong_version_and_inconsistent_state(tmp_path, data):
     x, y, w, b = data
     path = tmp_path / 'gp.npz'
     LastLayerNTKGP(w, b).fit(x, y).save(path)
-    _rewrite(path, tmp_path / 'v2.npz', version=2)
-    with pytest.raises(ValueError, match='unsupported format version 2'):
-        LastLayerNTKGP.load(tmp_path / 'v2.npz')
+    _rewrite(path, tmp_path / 'v99.npz', version=99)
+    with pytest.raises(ValueError, match='unsupported format version 99'):
+        LastLayerNTKGP.load(tmp_path / 'v99.npz')
     _rewrite(path, tmp_path / 'shape.npz', gram=np.zeros((1, 3, 3)))
     with pytest.raises(ValueError, match='corrupt NTK-GP state.*gram'):
         LastLayerNTKGP.load(tmp_path / 'shape.npz')
@@ -378,3 +382,26 @@ def test_entropy_decomposition_invariants(classes, rows, logit_scale, variance_s
     assert (mutual >= 0).all() and (expected >= -1e-12).all()
     assert (total <= math.log(classes) + 1e-9).all()
     np.testing.assert_allclose(total - expected, mutual, atol=1e-9)
+
+
+def test_flipped_bit_in_saved_state_is_detected(tmp_path):
+    rng = np.random.default_rng(3)
+    features = rng.normal(size=(200, 8))
+    weight, bias = rng.normal(size=(3, 8)), rng.normal(size=3)
+    gp = LastLayerNTKGP(weight, bias, model_id='m').fit(features, rng.integers(0, 3, 200))
+    path = tmp_path / 'gp.npz'
+    gp.save(path)
+    with np.load(path) as archive:
+        arrays = {k: np.array(archive[k]) for k in archive.files}
+    arrays['gram'][0, 1, 1] = np.nextafter(arrays['gram'][0, 1, 1], np.inf)
+    np.savez(path, **arrays)
+    with pytest.raises(ValueError, match='checksum mismatch'):
+        LastLayerNTKGP.load(path)
+
+
+def test_huge_features_are_rejected_instead_of_infinite_variance():
+    rng = np.random.default_rng(4)
+    gp = LastLayerNTKGP(rng.normal(size=(3, 4)), rng.normal(size=3)).fit(
+        rng.normal(size=(50, 4)), rng.integers(0, 3, 50))
+    with pytest.raises(ValueError, match='overflow'):
+        gp.predict(np.full((1, 4), 1e200))

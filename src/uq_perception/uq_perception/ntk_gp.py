@@ -92,6 +92,7 @@ non-negative by concavity of the entropy for any set of draws).
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import logging
 import math
@@ -110,7 +111,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 FORMAT_NAME = 'uq_perception.ntk_gp'
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+MAX_FEATURE_MAGNITUDE = 1e100
 # Cholesky pivots spanning more than this (squared) ratio are treated as near-singular.
 MAX_CONDITION = 1e12
 # Rows handed to one BLAS call while streaming: large enough for full BLAS speed, small
@@ -603,6 +605,11 @@ def _check_matrix(array: Any, name: str, columns: int | None = None) -> np.ndarr
         bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
         raise ValueError(f'{name} contain non-finite values (NaN or Inf) in rows '
                          f'{bad[:10].tolist()}{"..." if bad.size > 10 else ""}')
+    # Quadratic forms of the GP square the features: beyond this magnitude they overflow
+    # float64 and the variance would be infinite, so such inputs are rejected up front.
+    if x.size and np.abs(x).max() > MAX_FEATURE_MAGNITUDE:
+        raise ValueError(f'{name} contain values of magnitude above '
+                         f'{MAX_FEATURE_MAGNITUDE:g}; the GP variance would overflow')
     return x
 
 
@@ -1228,6 +1235,7 @@ class LastLayerNTKGP:
                 'extra_residual': self._extra_residual, 'sigma2': self._sigma2,
                 'delta': self._delta,
             }
+            meta['digest'] = _arrays_digest(arrays)
             target = Path(path)
             fd, tmp = tempfile.mkstemp(prefix=f'.{target.name}.', dir=target.parent or '.')
             try:
@@ -1277,6 +1285,8 @@ class LastLayerNTKGP:
         if meta.get('version') != FORMAT_VERSION:
             raise ValueError(f'{path}: unsupported format version {meta.get("version")!r} '
                              f'(this build reads version {FORMAT_VERSION})')
+        if meta.get('digest') != _arrays_digest(arrays):
+            raise ValueError(f'{path}: checksum mismatch, the NTK-GP state file is corrupt')
         try:
             model = cls._from_state(meta, arrays)
         except (KeyError, TypeError, ValueError) as exc:
@@ -1336,6 +1346,17 @@ class LastLayerNTKGP:
         model._refactor(range(m))
         model._fitted = True
         return model
+
+
+def _arrays_digest(arrays: dict[str, np.ndarray]) -> str:
+    """SHA-256 over names, dtypes, shapes and bytes of ``arrays``: a flipped bit in a saved
+    state must be an error, never a silently different variance."""
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        array = np.ascontiguousarray(arrays[name])
+        digest.update(f'{name}:{array.dtype.str}:{array.shape};'.encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
 
 
 def _golden(func: Any, lo: float, hi: float, iterations: int = 40) -> float:
