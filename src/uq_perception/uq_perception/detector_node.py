@@ -183,9 +183,7 @@ class DetectorNode(LifecycleNode):
         model_id = getattr(model, 'model_id', '')
         gp = LastLayerNTKGP.load(p['gp_path'], feature_dim=model.embedding_dim,
                                  model_id=model_id or None)
-        backend = create_backend(p['backend'], model, engine_path=p['engine_path'] or None,
-                                 gp_tensors=gp.gp_tensors() if p['backend'] == 'tensorrt'
-                                 else None)
+        backend = create_backend(p['backend'], model, engine_path=p['engine_path'] or None)
         self._model_id = gp.model_id
         self._device = backend.device_name
         return UncertaintyPerception(backend, gp, p['score_threshold'], p['max_detections'],

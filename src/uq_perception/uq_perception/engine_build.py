@@ -7,13 +7,11 @@ import sys
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Build a TensorRT engine (FP16) of the detector on this machine's NVIDIA GPU."""
+    """Build a TensorRT engine (FP16) of the detector network on this machine's NVIDIA GPU."""
     from uq_perception.detector_node import PARAMETERS
 
     defaults = {spec.name: spec.default for spec in PARAMETERS}
     parser.add_argument('--model', default=defaults['model_path'], help='detector weights')
-    parser.add_argument('--gp', default=defaults['gp_path'],
-                        help='NTK-GP artefact (fixes the shapes of the runtime GP inputs)')
     parser.add_argument('--out', default='build/detector_trt.ep',
                         help='engine file to write (built artefact: never commit it)')
     parser.set_defaults(run=run)
@@ -22,13 +20,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from uq_perception.backends import BackendUnavailableError, build_tensorrt_engine
     from uq_perception.detector import load_detector
-    from uq_perception.ntk_gp import LastLayerNTKGP
 
     try:
-        model = load_detector(args.model)
-        gp = LastLayerNTKGP.load(args.gp, feature_dim=model.embedding_dim,
-                                 model_id=model.model_id)
-        path = build_tensorrt_engine(model, gp.gp_tensors(), args.out)
+        path = build_tensorrt_engine(load_detector(args.model), args.out)
     except (BackendUnavailableError, ValueError) as exc:
         print(f'uq build-engine: {exc}', file=sys.stderr)
         return 2

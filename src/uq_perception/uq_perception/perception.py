@@ -84,8 +84,7 @@ class UncertaintyPerception:
     def process(self, image_rgb: np.ndarray) -> FrameResult:
         """Run the pipeline on one ``(H, W, 3)`` uint8 RGB image."""
         start = time.perf_counter()
-        output = self.backend.infer(image_rgb, self.score_threshold, self.max_detections)
-        detections = output.detections
+        detections = self.backend.infer(image_rgb, self.score_threshold, self.max_detections)
         # The GP's head can have grown classes through online labels; its logits are the
         # ones that match its class list.
         uncertainty = self.gp.predict(detections.embeddings)
