@@ -155,9 +155,21 @@ def _activate(h: Harness) -> None:
     assert h.state() == 'active'
 
 
-def test_frame_in_detection_array_out_with_image_stamp(harness):
+def _rendered_frame() -> np.ndarray:
+    """A simulator render: known objects and an unknown torus on the table."""
+    import cv2
+
+    from uq_sim.scene import compose_scene, render_scene
+
+    spec = compose_scene([('box', (-0.15, 0.0)), ('mug', (0.1, 0.08)), ('torus', (0.05, -0.1))],
+                         seed=3)
+    rgb = render_scene(spec, width=320, height=240).rgb
+    return cv2.resize(rgb, (WIDTH, HEIGHT), interpolation=cv2.INTER_AREA)
+
+
+def test_rendered_frame_in_detection_array_out_with_image_stamp(harness):
     _activate(harness)
-    msg = harness.image()
+    msg = harness.image(**rgb_to_image_fields(_rendered_frame()))
     assert harness.send_until_answered(harness.best_effort, msg)
     out = next(d for d in harness.detections if d.header.stamp == msg.header.stamp)
     assert out.header.frame_id == 'camera_optical_frame'
