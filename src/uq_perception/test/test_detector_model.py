@@ -30,7 +30,8 @@ def _single_thread():
 def _tiny_model(seed: int = 0, **overrides) -> CenterNetDetector:
     torch.manual_seed(seed)
     kwargs = dict(class_names=CLASSES, embedding_dim=6, input_size=(32, 48),
-                  channels=(4, 8, 8, 8), neck_channels=8, max_candidates=10)
+                  channels=(4, 8, 8, 8), neck_channels=8, embedding_channels=8,
+                  max_candidates=10)
     kwargs.update(overrides)
     return CenterNetDetector(**kwargs).eval()
 
@@ -75,7 +76,8 @@ def test_embed_cells_matches_forward_embeddings():
     maps = model.feature_maps(images)
     heat = out['heatmap'][0, 0].flatten()
     index = torch.stack([torch.nonzero(heat == s)[0, 0] for s in out['scores'][0]])
-    torch.testing.assert_close(model.embed_cells(maps, index[None]), out['embeddings'])
+    torch.testing.assert_close(model.embed_cells(maps, index[None], out['boxes']),
+                               out['embeddings'])
 
 
 def _hand_outputs() -> dict[str, torch.Tensor]:

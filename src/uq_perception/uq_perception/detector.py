@@ -32,8 +32,12 @@ STRIDE = 4
 # the input height and width must be multiples of 16 for the skip connections to align.
 SIZE_MULTIPLE = 16
 FORMAT_NAME = 'uq_perception.centernet_detector'
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 DEFAULT_INPUT_SIZE = (240, 320)
+# The embedding samples the stride-8 map on a ROI_GRID x ROI_GRID grid inside the box, at
+# these fractions of the box size around its centre (the central part of the object).
+ROI_GRID = 3
+ROI_SPAN = 2.0 / 3.0
 # Bounds on the predicted log-size (in feature cells) keep exp() finite for any input.
 _LOG_SIZE_MIN = -2.0
 _LOG_SIZE_MAX = 6.0
@@ -116,14 +120,20 @@ class CenterNetDetector(nn.Module):
         Channel widths of the four backbone stages (strides 2, 4, 8, 16).
     neck_channels : int
         Channels of the stride-4 feature map that the dense heads read.
+    embedding_channels : int
+        Channels of the stride-8 map that the embedding samples inside each box.
     max_candidates : int
         Number of heatmap peaks that ``forward`` keeps (static, for tracing).
+    normalize_embedding : bool
+        Put the embedding on the sphere of radius ``sqrt(embedding_dim)`` (see
+        :meth:`embed_cells`).
     """
 
     def __init__(self, class_names: Sequence[str], embedding_dim: int = 64,
                  input_size: tuple[int, int] = DEFAULT_INPUT_SIZE,
-                 channels: Sequence[int] = (16, 32, 64, 96), neck_channels: int = 64,
-                 max_candidates: int = 64) -> None:
+                 channels: Sequence[int] = (16, 32, 64, 128), neck_channels: int = 64,
+                 embedding_channels: int = 96, max_candidates: int = 64,
+                 normalize_embedding: bool = True) -> None:
         super().__init__()
         if len(class_names) < 1 or len(set(class_names)) != len(class_names):
             raise ValueError(f'class_names must be non-empty and unique, got {class_names!r}')
@@ -137,13 +147,17 @@ class CenterNetDetector(nn.Module):
             raise ValueError(f'channels must list 4 stage widths, got {channels!r}')
         if max_candidates < 1:
             raise ValueError(f'max_candidates must be positive, got {max_candidates}')
+        if embedding_channels < 1 or neck_channels < 1:
+            raise ValueError('neck_channels and embedding_channels must be positive')
         c1, c2, c3, c4 = (int(c) for c in channels)
         self.class_names = list(class_names)
         self.embedding_dim = int(embedding_dim)
         self.input_size = (height, width)
         self.channels = (c1, c2, c3, c4)
         self.neck_channels = int(neck_channels)
+        self.embedding_channels = int(embedding_channels)
         self.max_candidates = int(max_candidates)
+        self.normalize_embedding = bool(normalize_embedding)
         # Identity of trained weights, filled by load_detector (empty for a fresh model).
         self.model_id = ''
         self.metadata: dict[str, Any] = {}
@@ -151,10 +165,14 @@ class CenterNetDetector(nn.Module):
 
         self.stem = _ConvBNReLU(3, c1, 3, 2)
         self.stage2 = nn.Sequential(_SeparableBlock(c1, c2, 2), _SeparableBlock(c2, c2))
-        self.stage3 = nn.Sequential(_SeparableBlock(c2, c3, 2), _SeparableBlock(c3, c3))
+        # The deep, low-resolution stages carry the shape evidence for classification and
+        # cost little: most of the time is spent at stride 4.
+        self.stage3 = nn.Sequential(_SeparableBlock(c2, c3, 2), _SeparableBlock(c3, c3),
+                                    _SeparableBlock(c3, c3))
         # Dilation widens the receptive field at stride 16 so large objects are seen whole.
         self.stage4 = nn.Sequential(_SeparableBlock(c3, c4, 2), _SeparableBlock(c4, c4),
-                                    _SeparableBlock(c4, c4, dilation=2))
+                                    _SeparableBlock(c4, c4, dilation=2),
+                                    _SeparableBlock(c4, c4, dilation=4))
         n = self.neck_channels
         self.lateral4 = nn.Conv2d(c4, n, 1)
         self.lateral3 = nn.Conv2d(c3, n, 1)
@@ -167,10 +185,13 @@ class CenterNetDetector(nn.Module):
         # much faster on CPU than three narrow ones.
         self.box_head = nn.Conv2d(n, 5, 1)
         # Class evidence needs context more than resolution: the embedding map has stride 8.
-        self.embedding_trunk = _SeparableBlock(n, n)
-
+        e = self.embedding_channels
+        self.embedding_trunk = nn.Sequential(_SeparableBlock(n, e), _SeparableBlock(e, e))
+        offsets = (torch.arange(ROI_GRID, dtype=torch.float32) / (ROI_GRID - 1) - 0.5) * ROI_SPAN
+        self.register_buffer('roi_offsets', offsets, persistent=False)
         self.embedding_mlp = nn.Sequential(
-            nn.Linear(n + c4, 128), nn.ReLU(inplace=True), nn.Linear(128, self.embedding_dim))
+            nn.Linear(ROI_GRID * ROI_GRID * e + c4, 128), nn.ReLU(inplace=True),
+            nn.Linear(128, self.embedding_dim))
         self.head = nn.Linear(self.embedding_dim, len(self.class_names))
         self._init_heads()
 
@@ -226,7 +247,9 @@ class CenterNetDetector(nn.Module):
             'input_size': list(self.input_size),
             'channels': list(self.channels),
             'neck_channels': self.neck_channels,
+            'embedding_channels': self.embedding_channels,
             'max_candidates': self.max_candidates,
+            'normalize_embedding': self.normalize_embedding,
         }
 
     def feature_maps(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -241,7 +264,7 @@ class CenterNetDetector(nn.Module):
         -------
         dict[str, torch.Tensor]
             ``heatmap_logits (B,1,h,w)``, ``size (B,2,h,w)`` (log width/height in cells),
-            ``offset (B,2,h,w)`` (x, y), ``embedding_map (B,n,h/2,w/2)``, ``context_map
+            ``offset (B,2,h,w)`` (x, y), ``embedding_map (B,e,h/2,w/2)``, ``context_map
             (B,c4,h/4,w/4)``; ``h, w`` are the stride-4 output size.
         """
         # Fixed per-channel normalisation instead of a learned one keeps export simple.
@@ -264,8 +287,13 @@ class CenterNetDetector(nn.Module):
             'context_map': f4,
         }
 
-    def embed_cells(self, maps: dict[str, torch.Tensor], index: torch.Tensor) -> torch.Tensor:
-        """Embeddings ``phi`` at flat stride-4 cell indices.
+    def embed_cells(self, maps: dict[str, torch.Tensor], index: torch.Tensor,
+                    boxes: torch.Tensor) -> torch.Tensor:
+        """Embeddings ``phi`` of objects centred at stride-4 cells with the given boxes.
+
+        The stride-8 embedding map is sampled (bilinearly) on a 3x3 grid over the central
+        two thirds of each box, so ``phi`` sees the object's layout; the stride-16 context
+        map is read at the centre cell.
 
         Parameters
         ----------
@@ -273,26 +301,46 @@ class CenterNetDetector(nn.Module):
             Output of :meth:`feature_maps`.
         index : torch.Tensor
             ``(B, K)`` int64 flat indices ``y * w + x`` into the stride-4 map.
+        boxes : torch.Tensor
+            ``(B, K, 4)`` boxes ``center_x, center_y, width, height`` in input pixels.
 
         Returns
         -------
         torch.Tensor
             ``(B, K, D)`` embeddings.
         """
-        w = maps['heatmap_logits'].shape[3]
-        emb_w = maps['embedding_map'].shape[3]
+        h, w = maps['heatmap_logits'].shape[2], maps['heatmap_logits'].shape[3]
+        emb = maps['embedding_map']
+        b, k = index.shape
         ctx_w = maps['context_map'].shape[3]
         ys = torch.div(index, w, rounding_mode='floor')
         xs = index - ys * w
-        # The embedding map has stride 8 and the context map stride 16: 2 and 4 stride-4
-        # cells per cell.
-        emb_index = torch.div(ys, 2, rounding_mode='floor') * emb_w + torch.div(
-            xs, 2, rounding_mode='floor')
+        # The context map has stride 16: four stride-4 cells per cell.
         ctx_index = torch.div(ys, 4, rounding_mode='floor') * ctx_w + torch.div(
             xs, 4, rounding_mode='floor')
-        local = gather_cells(maps['embedding_map'], emb_index)
         context = gather_cells(maps['context_map'], ctx_index)
-        return self.embedding_mlp(torch.cat([local, context], dim=2))
+        # grid_sample's normalised coordinates (align_corners=False): -1 and 1 are the
+        # outer edges of the input image.
+        grid = self.roi_offsets.to(boxes.dtype)
+        px = boxes[..., 0:1] + grid * boxes[..., 2:3]
+        py = boxes[..., 1:2] + grid * boxes[..., 3:4]
+        gx = (px / (w * STRIDE)) * 2 - 1
+        gy = (py / (h * STRIDE)) * 2 - 1
+        n = grid.shape[0]
+        points = torch.stack([gx.unsqueeze(2).expand(b, k, n, n),
+                              gy.unsqueeze(3).expand(b, k, n, n)], dim=4)
+        sampled = F.grid_sample(emb, points.reshape(b, k * n * n, 1, 2), mode='bilinear',
+                                padding_mode='border', align_corners=False)
+        local = sampled.reshape(b, emb.shape[1], k, n * n).permute(0, 2, 1, 3).reshape(
+            b, k, emb.shape[1] * n * n)
+        embedding = self.embedding_mlp(torch.cat([local, context], dim=2))
+        if self.normalize_embedding:
+            # A last-layer GP with a linear kernel scores novelty by feature norm, and a
+            # cross-entropy network gives unfamiliar inputs *smaller* features (feature
+            # collapse), so they would look familiar. On a sphere of fixed radius sqrt(D)
+            # only the direction counts: novel objects point where training data is thin.
+            embedding = F.normalize(embedding, dim=-1) * math.sqrt(self.embedding_dim)
+        return embedding
 
     def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         """Run the network and extract a fixed number of candidate detections.
@@ -329,7 +377,7 @@ class CenterNetDetector(nn.Module):
         cx = (xs.to(heatmap.dtype) + offset[..., 0]) * STRIDE
         cy = (ys.to(heatmap.dtype) + offset[..., 1]) * STRIDE
         boxes = torch.stack([cx, cy, size[..., 0], size[..., 1]], dim=2)
-        embeddings = self.embed_cells(maps, index)
+        embeddings = self.embed_cells(maps, index, boxes)
         return {
             'heatmap': heatmap,
             'size': maps['size'],
@@ -554,7 +602,10 @@ def load_detector(path: str | Path, map_location: str | torch.device = 'cpu',
         model = CenterNetDetector(
             class_names=config['class_names'], embedding_dim=config['embedding_dim'],
             input_size=tuple(config['input_size']), channels=tuple(config['channels']),
-            neck_channels=config['neck_channels'], max_candidates=config['max_candidates'])
+            neck_channels=config['neck_channels'],
+            embedding_channels=config['embedding_channels'],
+            max_candidates=config['max_candidates'],
+            normalize_embedding=bool(config['normalize_embedding']))
     except (KeyError, TypeError) as exc:
         raise ValueError(f'{path} has an invalid architecture config: {exc}') from exc
     try:

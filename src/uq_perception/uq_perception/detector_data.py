@@ -191,6 +191,7 @@ class Targets:
 
     heatmap: torch.Tensor  # (B, 1, h, w) Gaussian-splatted centres, exactly 1 at each centre
     index: torch.Tensor  # (B, M) int64 flat cell index y * w + x of each centre
+    boxes: torch.Tensor  # (B, M, 4) centre-size boxes in input pixels
     mask: torch.Tensor  # (B, M) float 1 for a real object
     size: torch.Tensor  # (B, M, 2) log(width / stride), log(height / stride)
     offset: torch.Tensor  # (B, M, 2) centre minus its cell corner, in cells
@@ -230,6 +231,8 @@ def build_targets(boxes: Sequence[np.ndarray], labels: Sequence[np.ndarray],
     most = max([len(b) for b in boxes] + [1])
     heatmap = np.zeros((batch, 1, h, w), dtype=np.float32)
     index = np.zeros((batch, most), dtype=np.int64)
+    box_array = np.zeros((batch, most, 4), dtype=np.float32)
+    box_array[..., 2:] = 1.0
     mask = np.zeros((batch, most), dtype=np.float32)
     size = np.zeros((batch, most, 2), dtype=np.float32)
     offset = np.zeros((batch, most, 2), dtype=np.float32)
@@ -245,11 +248,13 @@ def build_targets(boxes: Sequence[np.ndarray], labels: Sequence[np.ndarray],
             _splat(heatmap[i, 0], ix, iy, max(GAUSSIAN_ALPHA * wc / 6, MIN_SIGMA),
                    max(GAUSSIAN_ALPHA * hc / 6, MIN_SIGMA))
             index[i, k] = iy * w + ix
+            box_array[i, k] = (cx, cy, bw, bh)
             mask[i, k] = 1.0
             size[i, k] = (math.log(wc), math.log(hc))
             offset[i, k] = (fx - ix, fy - iy)
             label[i, k] = int(cls)
     return Targets(heatmap=torch.from_numpy(heatmap), index=torch.from_numpy(index),
+                   boxes=torch.from_numpy(box_array),
                    mask=torch.from_numpy(mask), size=torch.from_numpy(size),
                    offset=torch.from_numpy(offset), label=torch.from_numpy(label))
 

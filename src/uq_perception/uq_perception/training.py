@@ -60,7 +60,9 @@ class TrainConfig:
     seed : int
         Seed of initialisation, shuffling and augmentation.
     threads : int
-        torch CPU threads.
+        torch CPU threads. One by default: on a machine shared with other jobs, a second
+        thread that is descheduled stalls every parallel op, which made steps ten times
+        slower here; one thread also leaves a core to the rest of the system.
     """
 
     epochs: int = 14
@@ -74,7 +76,7 @@ class TrainConfig:
     offset_weight: float = 1.0
     crop: tuple[int, int] | None = (160, 224)
     seed: int = 0
-    threads: int = 2
+    threads: int = 1
 
     def __post_init__(self) -> None:
         for name in ('epochs', 'batch_size', 'embedding_dim', 'threads'):
@@ -88,6 +90,11 @@ class TrainConfig:
         if self.crop is not None and (len(self.crop) != 2 or any(
                 c < 16 or c % 16 for c in self.crop)):
             raise ValueError(f'crop must be (height, width), multiples of 16, got {self.crop}')
+
+
+def _log(message: str) -> None:
+    # Flushed at once: training runs for long in the background with output in a file.
+    print(message, flush=True)
 
 
 def focal_loss(heatmap_logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -126,7 +133,7 @@ def detection_loss(model: CenterNetDetector, maps: dict[str, torch.Tensor], targ
     size, offset = size / count, offset / count
     taught = targets.label >= 0
     if bool(taught.any()):
-        logits = model.head(model.embed_cells(maps, targets.index))
+        logits = model.head(model.embed_cells(maps, targets.index, targets.boxes))
         cls = F.cross_entropy(logits[taught], targets.label[taught])
     else:
         cls = heat.new_zeros(())
@@ -147,7 +154,7 @@ def class_targets(split: DetectionSplit, index: int) -> np.ndarray:
 
 
 def train_detector(train: DetectionSplit, config: TrainConfig, progress: bool = True,
-                   log: Any = print) -> tuple[CenterNetDetector, list[dict[str, float]]]:
+                   log: Any = _log) -> tuple[CenterNetDetector, list[dict[str, float]]]:
     """Train a detector on a split.
 
     Parameters
@@ -254,7 +261,7 @@ def ground_truth_embeddings(model: CenterNetDetector, split: DetectionSplit,
             targets = build_targets([split.boxes[i] for i in idx],
                                     [class_targets(split, i) for i in idx], model.output_size)
             maps = model.feature_maps(images_to_tensor(split.images[idx]))
-            phi = model.embed_cells(maps, targets.index)
+            phi = model.embed_cells(maps, targets.index, targets.boxes)
             keep = targets.label >= 0
             features.append(phi[keep].numpy())
             labels.append(targets.label[keep].numpy())
@@ -276,7 +283,7 @@ def fit_gp(model: CenterNetDetector, model_id: str, train_features: np.ndarray,
            train_labels: np.ndarray, val_features: np.ndarray, val_labels: np.ndarray,
            candidates: tuple[tuple[str, int], ...] = (('kmeans', 1), ('kmeans', 4),
                                                       ('class', 0)),
-           seed: int = 0, log: Any = print) -> tuple[LastLayerNTKGP, list[GPCandidate]]:
+           seed: int = 0, log: Any = _log) -> tuple[LastLayerNTKGP, list[GPCandidate]]:
     """Fit the last-layer NTK-GP and choose its gating on validation data.
 
     Every candidate gating is fitted on the training embeddings, its probit factor and
@@ -338,7 +345,7 @@ def _commit_of(path: Path) -> str:
 
 
 def run_training(data: Path, out: Path, config: TrainConfig, progress: bool = True,
-                 max_images: int | None = None, log: Any = print) -> dict[str, Any]:
+                 max_images: int | None = None, log: Any = _log) -> dict[str, Any]:
     """Train, fit the GP, save both artefacts; returns a summary (also in the metadata)."""
     import torch
 
