@@ -18,7 +18,7 @@ __all__ = [
 
 
 def _as_1d(name: str, values: np.ndarray, dtype: type = np.float64) -> np.ndarray:
-    array = np.asarray(values, dtype=dtype)
+    array: np.ndarray = np.asarray(values, dtype=dtype)
     if array.ndim != 1:
         raise ValueError(f'{name} must be one-dimensional, got shape {array.shape}')
     if np.issubdtype(array.dtype, np.floating) and not np.all(np.isfinite(array)):

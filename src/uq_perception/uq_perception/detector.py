@@ -129,6 +129,8 @@ class CenterNetDetector(nn.Module):
         :meth:`embed_cells`).
     """
 
+    roi_offsets: torch.Tensor  # buffer: sampling grid over a box, fractions of its size
+
     def __init__(self, class_names: Sequence[str], embedding_dim: int = 64,
                  input_size: tuple[int, int] = DEFAULT_INPUT_SIZE,
                  channels: Sequence[int] = (16, 32, 64, 128), neck_channels: int = 64,
@@ -197,6 +199,7 @@ class CenterNetDetector(nn.Module):
 
     def _init_heads(self) -> None:
         weight, bias = self.box_head.weight, self.box_head.bias
+        assert bias is not None  # created with bias=True
         nn.init.normal_(weight, std=0.01)
         with torch.no_grad():
             # Focal-loss prior: objectness ~0.1 everywhere so the many background cells
@@ -221,6 +224,8 @@ class CenterNetDetector(nn.Module):
                 conv, bn = seq[i], seq[i + 1]
                 if not (isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d)):
                     continue
+                # Always tracked: the model is built with track_running_stats=True.
+                assert bn.running_var is not None and bn.running_mean is not None
                 scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
                 bias = conv.bias if conv.bias is not None else torch.zeros_like(scale)
                 conv.weight.mul_(scale.reshape(-1, 1, 1, 1))

@@ -297,7 +297,7 @@ def augment(images: np.ndarray, boxes: Sequence[np.ndarray], labels: Sequence[np
     ch, cw = (height, width) if crop is None else crop
     if not (0 < ch <= height and 0 < cw <= width):
         raise ValueError(f'crop {crop} does not fit images of {height}x{width}')
-    flip = rng.random(batch) < 0.5
+    flip = np.asarray(rng.random(batch) < 0.5)
     top = rng.integers(0, height - ch + 1, batch)
     left = rng.integers(0, width - cw + 1, batch)
     pixels = np.empty((batch, ch, cw, 3), dtype=np.uint8)
