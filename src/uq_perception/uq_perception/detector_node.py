@@ -47,7 +47,7 @@ from uq_msgs.msg import DetectionArray
 from uq_perception.backends import BackendKind
 from uq_perception.image_codec import ImageFormatError, image_to_rgb, rgb_to_image_fields
 from uq_perception.messages import detection_array_message, marker_array_message
-from uq_perception.parameters import ParameterSpec, declare_parameters, validate_value
+from uq_perception.parameters import ParameterSpec, declare_parameters, first_invalid
 from uq_perception.runtime_stats import RollingStats
 
 NODE_NAME = 'detector_node'
@@ -191,13 +191,9 @@ class DetectorNode(LifecycleNode):
 
     # --- parameters ------------------------------------------------------------------
     def _on_set_parameters(self, parameters: list) -> SetParametersResult:
-        for parameter in parameters:
-            spec = _SPECS.get(parameter.name)
-            if spec is None:
-                continue
-            error = validate_value(spec, parameter.value)
-            if error:
-                return SetParametersResult(successful=False, reason=error)
+        error = first_invalid(_SPECS, parameters)
+        if error:
+            return SetParametersResult(successful=False, reason=error)
         for parameter in parameters:
             if parameter.name in _SPECS:
                 self._params[parameter.name] = parameter.value

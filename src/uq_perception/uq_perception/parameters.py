@@ -9,7 +9,7 @@ generate_parameter_library does for C++ nodes.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,3 +99,18 @@ def declare_parameters(node: Any, specs: Iterable[ParameterSpec]) -> dict[str, A
     if errors:
         raise ValueError('invalid parameters: ' + '; '.join(errors))
     return values
+
+
+def first_invalid(specs: Mapping[str, ParameterSpec], parameters: Iterable[Any]) -> str | None:
+    """Why the first of ``parameters`` (objects with ``name`` and ``value``, e.g. rclpy
+    ``Parameter``) is invalid, or ``None``; names without a spec are not judged here.
+
+    Runtime set-parameters callbacks use it so that a batch is accepted or refused whole.
+    """
+    for parameter in parameters:
+        spec = specs.get(parameter.name)
+        if spec is not None:
+            error = validate_value(spec, parameter.value)
+            if error:
+                return error
+    return None

@@ -36,7 +36,7 @@ from std_msgs.msg import Header
 
 from uq_msgs.msg import Detection, DetectionArray
 from uq_perception.image_codec import rgb_to_image_fields
-from uq_perception.parameters import ParameterSpec, declare_parameters, validate_value
+from uq_perception.parameters import ParameterSpec, declare_parameters, first_invalid
 from uq_sim.objects import KNOWN_CLASSES
 from uq_sim.scenario import SCENARIO_NAMES, get_scenario
 
@@ -97,13 +97,9 @@ class SimCameraNode(Node):
 
     # --- parameters ------------------------------------------------------------------
     def _on_set_parameters(self, parameters: list) -> SetParametersResult:
-        for parameter in parameters:
-            spec = _SPECS.get(parameter.name)
-            if spec is None:
-                continue
-            error = validate_value(spec, parameter.value)
-            if error:
-                return SetParametersResult(successful=False, reason=error)
+        error = first_invalid(_SPECS, parameters)
+        if error:
+            return SetParametersResult(successful=False, reason=error)
         return SetParametersResult(successful=True)
 
     def _after_set_parameters(self, parameters: list) -> None:
