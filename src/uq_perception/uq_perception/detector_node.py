@@ -63,6 +63,11 @@ PARAMETERS = [
     ParameterSpec('engine_path', '',
                   'TensorRT engine built by `uq build-engine` (backend tensorrt only).',
                   read_only=True),
+    ParameterSpec('torch_threads', 1,
+                  'CPU threads of the PyTorch backends. One is the robust choice on a '
+                  'shared CPU: spinning OpenMP threads stall when other processes (the '
+                  'rest of the robot stack) want the cores.',
+                  min_value=1, max_value=64, read_only=True),
     ParameterSpec('score_threshold', 0.3, 'Minimum objectness of a published detection.',
                   min_value=0.0, max_value=1.0),
     ParameterSpec('max_detections', 20, 'Maximum detections per image.',
@@ -172,6 +177,8 @@ class DetectorNode(LifecycleNode):
 
     def _load_perception(self) -> Any:
         # Heavy imports here, so `--help` and parameter errors answer without torch.
+        import torch
+
         from uq_perception.backends import create_backend
         from uq_perception.detector import load_detector
         from uq_perception.ntk_gp import LastLayerNTKGP
@@ -179,6 +186,7 @@ class DetectorNode(LifecycleNode):
         from uq_perception.tracking import IoUTracker
 
         p = self._params
+        torch.set_num_threads(p['torch_threads'])
         model = load_detector(p['model_path'])
         model_id = getattr(model, 'model_id', '')
         gp = LastLayerNTKGP.load(p['gp_path'], feature_dim=model.embedding_dim,

@@ -30,6 +30,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--frames', type=int, default=300, help='frames per rate')
     parser.add_argument('--rate', type=float, action='append',
                         help='publish rate in Hz (repeatable; default 15)')
+    parser.add_argument('--threads', type=int, default=1,
+                        help='torch CPU threads, the same for the node and the bare forward')
     parser.add_argument('--domain-id', type=int, default=77,
                         help='ROS_DOMAIN_ID for the benchmark (keep it private)')
     parser.set_defaults(run=run)
@@ -50,14 +52,14 @@ def _frames(count: int, height: int = 240, width: int = 320) -> list[np.ndarray]
     return frames
 
 
-def _bare_forward_ms(model_path: str, gp_path: str, frames: list[np.ndarray],
-                     repeats: int) -> list[float]:
+def _bare_forward_ms(model_path: str, frames: list[np.ndarray], repeats: int,
+                     threads: int) -> list[float]:
     import torch
 
     from uq_perception.backends import TorchBackend
     from uq_perception.detector import load_detector
 
-    torch.set_num_threads(int(os.environ.get('UQ_TORCH_THREADS', '2')))
+    torch.set_num_threads(threads)
     backend = TorchBackend(load_detector(model_path))
     for frame in frames[:5]:
         backend.infer(frame, 0.3, 20)
@@ -156,13 +158,14 @@ def run(args: argparse.Namespace) -> int:
     node_process = subprocess.Popen(
         [sys.executable, '-m', 'uq_perception.detector_node', '--ros-args',
          '-p', 'autostart:=true', '-p', f'model_path:={args.model}',
-         '-p', f'gp_path:={args.gp}', '--log-level', 'warn'], env=env)
+         '-p', f'gp_path:={args.gp}', '-p', f'torch_threads:={args.threads}',
+         '--log-level', 'warn'], env=env)
     rclpy.init()
     try:
         for rate in args.rate or [15.0]:
             print(f'[bench node] {args.frames} frames at {rate} Hz ...', file=sys.stderr)
             result = _run_rate(rate, frames, args.frames)
-            forward = np.array(_bare_forward_ms(args.model, args.gp, frames, args.frames))
+            forward = np.array(_bare_forward_ms(args.model, frames, args.frames, args.threads))
             forward_p50 = float(np.percentile(forward, 50))
             result |= {
                 'forward_p50_ms': forward_p50,
@@ -172,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
                 'sustained': bool(result['frames_answered'] >= 0.95 * result['frames_sent']
                                   and result['latency_trend'] < 1.5),
                 'image_size': '320x240',
+                'torch_threads': args.threads,
+                'load_average_1min': os.getloadavg()[0],
             }
             print(json.dumps(result), flush=True)
     finally:

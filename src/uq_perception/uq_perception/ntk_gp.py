@@ -607,7 +607,7 @@ def _check_matrix(array: Any, name: str, columns: int | None = None) -> np.ndarr
                          f'{bad[:10].tolist()}{"..." if bad.size > 10 else ""}')
     # Quadratic forms of the GP square the features: beyond this magnitude they overflow
     # float64 and the variance would be infinite, so such inputs are rejected up front.
-    if x.size and np.abs(x).max() > MAX_FEATURE_MAGNITUDE:
+    if x.size and float(np.abs(x).max()) > MAX_FEATURE_MAGNITUDE:
         raise ValueError(f'{name} contain values of magnitude above '
                          f'{MAX_FEATURE_MAGNITUDE:g}; the GP variance would overflow')
     return x
