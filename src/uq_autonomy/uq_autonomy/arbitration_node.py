@@ -39,7 +39,7 @@ from rcl_interfaces.msg import (
 from rclpy.clock import Clock, ClockType
 from rclpy.duration import Duration
 from rclpy.exceptions import ParameterException
-from rclpy.executors import ExternalShutdownException
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -390,8 +390,13 @@ def main(args: Sequence[str] | None = None) -> int:
     rclpy.init(args=argv)
     node: ArbitrationNode | None = None
     try:
+        # The executor exists before the node can publish: a SIGINT arriving as soon as
+        # its latched state is seen then ends spin() cleanly instead of failing to build
+        # an executor on a context already shut down.
+        executor = SingleThreadedExecutor()
         node = ArbitrationNode()
-        rclpy.spin(node)
+        executor.add_node(node)
+        executor.spin()
     except ConfigurationError as err:
         print(f'arbitration_node: refusing to start: {err}', file=sys.stderr)
         return 1

@@ -308,8 +308,8 @@ def main(args: list[str] | None = None) -> None:
     rclpy.init(args=argv)
     node = None
     try:
-        node = DetectorNode()
         executor = MultiThreadedExecutor(num_threads=2)
+        node = DetectorNode()
         executor.add_node(node)
         executor.spin()
     except ValueError as exc:

@@ -178,8 +178,8 @@ def main(args: list[str] | None = None) -> None:
     rclpy.init(args=argv)
     node = None
     try:
-        node = SimCameraNode()
         executor = SingleThreadedExecutor()
+        node = SimCameraNode()
         executor.add_node(node)
         executor.spin()
     except (ValueError, ParameterException) as exc:
