@@ -16,12 +16,13 @@ import pytest
 import torch
 
 from uq_perception.detector import STRIDE, CenterNetDetector, load_detector
-from uq_perception.detector_data import augment, build_targets, load_split
+from uq_perception.detector_data import augment, build_targets, jitter_boxes, load_split
 from uq_perception.training import (
     TrainConfig,
     detection_loss,
     focal_loss,
-    ground_truth_embeddings,
+    object_embeddings,
+    refit_gp,
     run_training,
 )
 
@@ -202,6 +203,17 @@ def test_augment_crops_clip_and_drop_boxes():
         augment(images[:1], boxes[:1], labels[:1], np.random.default_rng(0), crop=(48, 32))
 
 
+def test_jitter_boxes_stays_within_bounds():
+    boxes = torch.tensor([[[100.0, 50.0, 40.0, 20.0]]]).expand(1, 500, 4)
+    jittered = jitter_boxes(boxes, np.random.default_rng(0), scale=0.15, shift=0.1)
+    assert jittered.shape == boxes.shape
+    ratio = jittered[..., 2:] / boxes[..., 2:]
+    shift = (jittered[..., :2] - boxes[..., :2]) / boxes[..., 2:]
+    assert float(ratio.min()) >= 0.85 and float(ratio.max()) <= 1.15
+    assert float(shift.abs().max()) <= 0.1 and float(shift.abs().max()) > 0.05
+    torch.testing.assert_close(jitter_boxes(boxes, np.random.default_rng(0)), jittered)
+
+
 def test_train_config_validation():
     with pytest.raises(ValueError):
         TrainConfig(epochs=0)
@@ -261,8 +273,22 @@ def test_run_training_and_evaluation_end_to_end(dataset, tmp_path):
     assert gp.ood_threshold is not None
     assert model.metadata['gp']['num_experts'] == gp.num_experts
 
-    phi, labels = ground_truth_embeddings(model, load_split(dataset / 'val'))
-    assert phi.shape == (8, model.embedding_dim) and labels.tolist() == [0, 1] * 4
+    val = load_split(dataset / 'val')
+    truth_phi, truth_labels = object_embeddings(model, val, use_detections=False)
+    assert truth_phi.shape == (8, model.embedding_dim) and truth_labels.tolist() == [0, 1] * 4
+    phi, labels = object_embeddings(model, val)
+    np.testing.assert_array_equal(labels, truth_labels)
+    # Each object's embedding comes from its ground-truth box or from a detection.
+    detected = np.concatenate([model.detect(im, score_threshold=0.05, max_detections=50)
+                               .embeddings for im in val.images])
+    for row, truth_row in zip(phi, truth_phi, strict=True):
+        from_detection = detected.size and np.abs(detected - row).max(axis=1).min() < 1e-4
+        assert from_detection or np.allclose(row, truth_row, atol=1e-5)
+
+    refit = refit_gp(dataset, out, progress=False, log=lambda _: None)
+    again = load_detector(out / 'detector.pt')
+    assert again.model_id == model.model_id and again.metadata['gp'] == refit
+    LastLayerNTKGP.load(out / 'detector_gp.npz', model_id=model.model_id)
 
     report = evaluate(out / 'detector.pt', out / 'detector_gp.npz', dataset, latency_runs=3,
                       progress=False)

@@ -1,8 +1,9 @@
 """Training of the CenterNet detector and fitting of its NTK-GP (ROS-free; ``uq train``).
 
 ``uq train --data DIR --out models/`` trains the detector on ``DIR/train`` (CPU, fixed
-seed), checks it on ``DIR/val``, extracts the embeddings of the ground-truth objects of
-``DIR/train``, fits the last-layer NTK-GP on the classification head, chooses the gating
+seed), checks it on ``DIR/val``, extracts the embeddings of the known objects of
+``DIR/train`` (from the detections that find them, as at inference), fits the
+last-layer NTK-GP on the classification head, chooses the gating
 (number of experts) on held-out validation NLL, calibrates the probit factor, temperature
 and OOD threshold on ``DIR/val``, and writes ``detector.pt`` and ``detector_gp.npz`` with a
 shared model id. ``--generate-data N`` renders the simulator dataset into ``DIR`` first, so
@@ -16,7 +17,7 @@ import json
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 
 DETECTOR_FILE = 'detector.pt'
 GP_FILE = 'detector_gp.npz'
+# Validation NLLs closer than this count as equal; the gating with fewer experts wins.
+NLL_TIE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,9 @@ class TrainConfig:
     crop : tuple[int, int] | None
         ``(height, width)`` of random training crops (multiples of 16; None: whole
         images). Crops make a step cheaper; objects keep their scale.
+    box_jitter : bool
+        Read the training embeddings inside randomly perturbed ground-truth boxes (see
+        :func:`uq_perception.detector_data.jitter_boxes`).
     seed : int
         Seed of initialisation, shuffling and augmentation.
     threads : int
@@ -75,6 +81,7 @@ class TrainConfig:
     size_weight: float = 1.0
     offset_weight: float = 1.0
     crop: tuple[int, int] | None = (160, 224)
+    box_jitter: bool = True
     seed: int = 0
     threads: int = 1
 
@@ -177,7 +184,7 @@ def train_detector(train: DetectionSplit, config: TrainConfig, progress: bool = 
     from tqdm import tqdm
 
     from uq_perception.detector import STRIDE, CenterNetDetector
-    from uq_perception.detector_data import augment, build_targets
+    from uq_perception.detector_data import augment, build_targets, jitter_boxes
 
     if len(train) == 0:
         raise ValueError('the training split has no images')
@@ -212,6 +219,8 @@ def train_detector(train: DetectionSplit, config: TrainConfig, progress: bool = 
                     [class_targets(train, i) for i in batch], rng, crop=config.crop)
                 targets = build_targets(boxes, labels, (images.shape[2] // STRIDE,
                                                         images.shape[3] // STRIDE))
+                if config.box_jitter:
+                    targets = replace(targets, boxes=jitter_boxes(targets.boxes, rng))
                 losses = detection_loss(model, model.feature_maps(images), targets, config)
                 optimiser.zero_grad(set_to_none=True)
                 losses['total'].backward()
@@ -233,41 +242,67 @@ def train_detector(train: DetectionSplit, config: TrainConfig, progress: bool = 
     return model.eval(), history
 
 
-def ground_truth_embeddings(model: CenterNetDetector, split: DetectionSplit,
-                            batch_size: int = 32, progress: bool = False
-                            ) -> tuple[np.ndarray, np.ndarray]:
-    """Embeddings ``phi`` at the centre cells of the classifiable known objects.
+def object_embeddings(model: CenterNetDetector, split: DetectionSplit,
+                      use_detections: bool = True, batch_size: int = 32,
+                      progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """One embedding ``phi`` per classifiable known object of a split, with its class.
 
-    The centre cell is where the detector's heatmap peaks for a found object, so these are
-    the embeddings the detector produces at inference.
+    With ``use_detections`` the detector runs as at inference (predicted boxes, score
+    threshold 0.05) and an object found by a detection at IoU >= 0.5 contributes that
+    detection's embedding: the embedding the GP is queried with later, box errors
+    included. Objects that no detection finds (and all objects without
+    ``use_detections``) contribute the embedding read inside their ground-truth box.
 
     Returns
     -------
     tuple[np.ndarray, np.ndarray]
-        ``(N, D)`` float32 embeddings and ``(N,)`` int64 class labels.
+        ``(N, D)`` float32 embeddings and ``(N,)`` int64 class labels, objects in split
+        order.
     """
     import torch
     from tqdm import tqdm
 
+    from uq_perception.detection_metrics import match_detections
     from uq_perception.detector_data import build_targets, images_to_tensor
+    from uq_perception.detector_eval import (
+        AP_MAX_DETECTIONS,
+        AP_SCORE_THRESHOLD,
+        IOU_THRESHOLD,
+    )
 
     features, labels = [], []
+    was_training = model.training
     model.eval()
-    starts = range(0, len(split), batch_size)
-    with torch.no_grad():
-        for start in tqdm(starts, desc=f'embeddings {split.name}', unit='batch',
-                          disable=not progress):
-            idx = list(range(start, min(start + batch_size, len(split))))
-            targets = build_targets([split.boxes[i] for i in idx],
-                                    [class_targets(split, i) for i in idx], model.output_size)
-            maps = model.feature_maps(images_to_tensor(split.images[idx]))
-            phi = model.embed_cells(maps, targets.index, targets.boxes)
-            keep = targets.label >= 0
-            features.append(phi[keep].numpy())
-            labels.append(targets.label[keep].numpy())
+    try:
+        with torch.no_grad():
+            for start in tqdm(range(0, len(split), batch_size),
+                              desc=f'embeddings {split.name}', unit='batch',
+                              disable=not progress):
+                idx = list(range(start, min(start + batch_size, len(split))))
+                targets = build_targets([split.boxes[i] for i in idx],
+                                        [class_targets(split, i) for i in idx],
+                                        model.output_size)
+                maps = model.feature_maps(images_to_tensor(split.images[idx]))
+                truth_phi = model.embed_cells(maps, targets.index, targets.boxes).numpy()
+                dets = model.decode(model.candidates(maps), AP_SCORE_THRESHOLD,
+                                    AP_MAX_DETECTIONS) if use_detections else None
+                for row, i in enumerate(idx):
+                    wanted = np.flatnonzero(targets.label[row].numpy() >= 0)
+                    phi = truth_phi[row, wanted]
+                    if dets is not None and len(dets[row]):
+                        matched, _ = match_detections(dets[row].boxes, dets[row].scores,
+                                                      split.boxes[i], IOU_THRESHOLD)
+                        found = {int(obj): det for det, obj in enumerate(matched) if obj >= 0}
+                        for j, obj in enumerate(wanted):
+                            if int(obj) in found:
+                                phi[j] = dets[row].embeddings[found[int(obj)]]
+                    features.append(phi)
+                    labels.append(split.labels[i][wanted])
+    finally:
+        model.train(was_training)
     dim = model.embedding_dim
     return (np.concatenate(features).astype(np.float32) if features else np.zeros((0, dim)),
-            np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64))
+            np.concatenate(labels).astype(np.int64) if labels else np.zeros(0, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -288,8 +323,9 @@ def fit_gp(model: CenterNetDetector, model_id: str, train_features: np.ndarray,
 
     Every candidate gating is fitted on the training embeddings, its probit factor and
     temperature are calibrated on one half of the validation embeddings, and it is scored
-    by the NLL on the other half. The winner (lowest NLL; fewer experts on a tie within
-    0.001 nats) is recalibrated on all validation embeddings, including its OOD threshold.
+    by the NLL on the other half. The winner (fewest experts among those within
+    :data:`NLL_TIE` nats of the lowest NLL) is recalibrated on all validation embeddings,
+    including its OOD threshold.
 
     Parameters
     ----------
@@ -315,19 +351,20 @@ def fit_gp(model: CenterNetDetector, model_id: str, train_features: np.ndarray,
                             model_id=model_id)
         return gp.fit(train_features, train_labels)
 
+    if not candidates:
+        raise ValueError('need at least one GP gating candidate')
     scored: list[GPCandidate] = []
-    best: tuple[float, int, str, int] | None = None
     for gating, experts in candidates:
         gp = build(gating, experts)
         gp.calibrate_probabilities(val_features[half_a], val_labels[half_a])
         score = nll(gp.predict(val_features[half_b]).probabilities, val_labels[half_b])
         scored.append(GPCandidate(gating, gp.num_experts, score))
         log(f'NTK-GP {gating} x{gp.num_experts}: held-out validation NLL {score:.4f}')
-        key = (round(score, 3), gp.num_experts, gating, experts)
-        if best is None or key < best:
-            best = key
-    assert best is not None
-    gp = build(best[2], best[3])
+    lowest = min(c.validation_nll for c in scored)
+    chosen = min((c for c in scored if c.validation_nll <= lowest + NLL_TIE),
+                 key=lambda c: c.num_experts)
+    log(f'NTK-GP chosen: {chosen.gating} x{chosen.num_experts}')
+    gp = build(chosen.gating, chosen.num_experts)
     gp.calibrate_probabilities(val_features, val_labels)
     gp.calibrate_ood(val_features)
     return gp, scored
@@ -342,6 +379,46 @@ def _commit_of(path: Path) -> str:
     except OSError:
         return 'unknown'
     return out.stdout.strip() or 'unknown'
+
+
+def _fit_gp_on_splits(model: CenterNetDetector, model_id: str, train: DetectionSplit,
+                      val: DetectionSplit, seed: int, progress: bool, log: Any
+                      ) -> tuple[LastLayerNTKGP, dict[str, Any]]:
+    train_phi, train_y = object_embeddings(model, train, progress=progress)
+    val_phi, val_y = object_embeddings(model, val, progress=progress)
+    gp, candidates = fit_gp(model, model_id, train_phi, train_y, val_phi, val_y, seed=seed,
+                            log=log)
+    summary = {'embeddings': 'matched detections; ground-truth boxes for missed objects',
+               'gating': gp.config.gating.value, 'num_experts': gp.num_experts,
+               'candidates': [asdict(c) for c in candidates],
+               'train_objects': int(len(train_y)), 'val_objects': int(len(val_y)),
+               'ood_threshold': gp.ood_threshold, 'probit_lambda': gp.probit_lambda,
+               'temperature': gp.temperature}
+    return gp, summary
+
+
+def refit_gp(data: Path, out: Path, seed: int = 0, threads: int = 1, progress: bool = True,
+             max_images: int | None = None, log: Any = _log) -> dict[str, Any]:
+    """Fit the NTK-GP again for the trained ``out/detector.pt`` (weights unchanged).
+
+    Rewrites ``detector_gp.npz`` and the GP section of the detector's metadata; the model
+    id stays, since it is derived from the weights.
+    """
+    import torch
+
+    from uq_perception.detector import load_detector, save_detector
+    from uq_perception.detector_data import load_split
+
+    torch.set_num_threads(threads)
+    model = load_detector(out / DETECTOR_FILE, fold_batchnorm=False)
+    train = load_split(data / 'train', model.input_size, model.class_names, max_images)
+    val = load_split(data / 'val', model.input_size, model.class_names, max_images)
+    gp, summary = _fit_gp_on_splits(model, model.model_id, train, val, seed, progress, log)
+    save_detector(model, out / DETECTOR_FILE, model_id=model.model_id,
+                  metadata={**model.metadata, 'gp': summary})
+    gp.save(out / GP_FILE)
+    log(f'wrote {out / GP_FILE} for model id {model.model_id}')
+    return summary
 
 
 def run_training(data: Path, out: Path, config: TrainConfig, progress: bool = True,
@@ -367,10 +444,7 @@ def run_training(data: Path, out: Path, config: TrainConfig, progress: bool = Tr
     log(f'validation AP@0.5 {val_metrics["ap50_mean"]:.4f} '
         f'(per class {val_metrics["ap50_per_class"]})')
     model_id = f'centernet-{model_digest(model)[:16]}'
-    train_phi, train_y = ground_truth_embeddings(model, train, progress=progress)
-    val_phi, val_y = ground_truth_embeddings(model, val, progress=progress)
-    gp, candidates = fit_gp(model, model_id, train_phi, train_y, val_phi, val_y,
-                            seed=config.seed, log=log)
+    gp, gp_summary = _fit_gp_on_splits(model, model_id, train, val, config.seed, progress, log)
     manifest_path = data / 'dataset.json'
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     summary = {
@@ -381,11 +455,7 @@ def run_training(data: Path, out: Path, config: TrainConfig, progress: bool = Tr
                     'val_images': len(val)},
         'history': history,
         'validation': {k: v for k, v in val_metrics.items() if k != 'latency_ms'},
-        'gp': {'gating': gp.config.gating.value, 'num_experts': gp.num_experts,
-               'candidates': [asdict(c) for c in candidates],
-               'train_objects': int(len(train_y)), 'val_objects': int(len(val_y)),
-               'ood_threshold': gp.ood_threshold, 'probit_lambda': gp.probit_lambda,
-               'temperature': gp.temperature},
+        'gp': gp_summary,
         'train_seconds': round(train_seconds, 1),
         'total_seconds': round(time.time() - started, 1),
         'torch': str(torch.__version__),
@@ -421,6 +491,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help='torch CPU threads')
     parser.add_argument('--max-images', type=int, default=None,
                         help='use only the first images of each split (quick runs)')
+    parser.add_argument('--gp-only', action='store_true',
+                        help=f'keep the trained --out/{DETECTOR_FILE}, fit only its NTK-GP')
     parser.add_argument('--no-progress', action='store_true', help='hide progress bars')
     parser.set_defaults(run=_run)
 
@@ -429,6 +501,11 @@ def _run(args: argparse.Namespace) -> int:
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size,
                          learning_rate=args.lr, embedding_dim=args.embedding_dim,
                          seed=args.seed, threads=args.threads)
+    if args.gp_only:
+        summary = refit_gp(args.data, args.out, seed=args.seed, threads=args.threads,
+                           progress=not args.no_progress, max_images=args.max_images)
+        print(json.dumps(summary, indent=1))
+        return 0
     if args.generate_data is not None:
         from uq_sim.dataset import generate_dataset
 
