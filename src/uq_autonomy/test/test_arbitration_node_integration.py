@@ -1,5 +1,6 @@
 """The arbitration node over real DDS: real rclpy nodes in one process on a private domain,
-a MultiThreadedExecutor, the node's real topics, service and parameter services.
+each spun by its own single-threaded executor (as ``arbitration_node`` runs), the node's
+real topics, service and parameter services.
 
 Covers: uncertainty low/high drives AutonomyState and cmd_vel; silence drops to
 teleoperation within deadline + one period (measured and printed); the override service
@@ -19,7 +20,7 @@ import pytest
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from geometry_msgs.msg import Twist
-from rclpy.executors import MultiThreadedExecutor
+from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.parameter_client import AsyncParameterClient
@@ -34,6 +35,10 @@ TIMEOUT_S = 10.0
 STREAM_PERIOD_S = 0.05
 # Extra allowance on top of deadline + period for a loaded 2-core machine.
 SCHEDULING_MARGIN_S = 0.3
+# Perception deadline of the tests that do not measure the fail-safe: the stream runs at
+# 20 Hz, and a loaded CI machine has been seen to stall it for more than 0.3 s, which must
+# not count as silence there.
+RELAXED_DEADLINE_S = 2.0
 
 OPERATOR = (0.02, 0.0, 0.0, 0.0, 0.0, 0.01)  # inside the 0.05 dead-band
 AUTONOMY = (0.4, 0.0, 0.0, 0.0, 0.0, -0.2)
@@ -82,6 +87,7 @@ class Harness:
     """The node under test plus a peer node that streams inputs and records outputs."""
 
     def __init__(self, context: Any, params: dict[str, Any], reliable_detections: bool = False):
+        params = {'perception_deadline_s': RELAXED_DEADLINE_S, **params}
         self.node = ArbitrationNode(
             context=context,
             parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
@@ -112,19 +118,27 @@ class Harness:
         self.override = self.peer.create_client(SetAutonomyOverride, 'set_autonomy_override')
         self.peer.create_timer(STREAM_PERIOD_S, self._stream)
 
-        self.executor = MultiThreadedExecutor(num_threads=4, context=context)
-        self.executor.add_node(self.node)
-        self.executor.add_node(self.peer)
+        # One executor and thread per node: the node under test is served as in
+        # production, and the peer's stream never waits behind the node's callbacks (a
+        # shared multi-threaded executor busy-polls the node's ready-but-blocked entities,
+        # which starved the stream on a loaded CI machine).
         self._spinning = threading.Event()
         self._spinning.set()
-        self._thread = threading.Thread(target=self._spin, daemon=True)
-        self._thread.start()
+        self._executors = []
+        self._threads = []
+        for node in (self.node, self.peer):
+            executor = SingleThreadedExecutor(context=context)
+            executor.add_node(node)
+            thread = threading.Thread(target=self._spin, args=(executor,), daemon=True)
+            thread.start()
+            self._executors.append(executor)
+            self._threads.append(thread)
         self.wait(lambda: self.det_pub.get_subscription_count() > 0 and self.states,
                   'discovery of the node')
 
-    def _spin(self) -> None:
+    def _spin(self, executor: SingleThreadedExecutor) -> None:
         while self._spinning.is_set():
-            self.executor.spin_once(timeout_sec=0.05)
+            executor.spin_once(timeout_sec=0.05)
 
     def _stream(self) -> None:
         if self.frame is not None:
@@ -191,13 +205,10 @@ class Harness:
 
     def close(self) -> None:
         self._spinning.clear()
-        self._thread.join(timeout=5.0)
-        # Jazzy's Executor.shutdown() does not wait for handlers already handed to the
-        # thread pool; let them finish before their nodes are destroyed.
-        pool = getattr(self.executor, '_executor', None)
-        if pool is not None:
-            pool.shutdown(wait=True)
-        self.executor.shutdown()
+        for thread in self._threads:
+            thread.join(timeout=5.0)
+        for executor in self._executors:
+            executor.shutdown()
         self.peer.destroy_node()
         self.node.destroy_node()
 
@@ -247,7 +258,8 @@ def test_low_and_high_uncertainty_drive_state_and_cmd_vel(harness):
 
 
 def test_silence_drops_to_teleoperation_within_deadline_plus_period(harness):
-    deadline, period = 0.3, 0.05
+    # A deadline well above the stalls of a loaded machine, so the climb is not interrupted.
+    deadline, period = 1.0, 0.05
     h = harness(min_dwell_s=0.05, perception_deadline_s=deadline, decision_period_s=period)
     h.operator = OPERATOR
     h.frame = frame(0.05)
