@@ -181,12 +181,14 @@ class DetectorNode(LifecycleNode):
 
         from uq_perception.backends import create_backend
         from uq_perception.detector import load_detector
+        from uq_perception.memory_tuning import retain_freed_memory
         from uq_perception.ntk_gp import LastLayerNTKGP
         from uq_perception.perception import UncertaintyPerception
         from uq_perception.tracking import IoUTracker
 
         p = self._params
         torch.set_num_threads(p['torch_threads'])
+        retain_freed_memory()
         model = load_detector(p['model_path'])
         model_id = getattr(model, 'model_id', '')
         gp = LastLayerNTKGP.load(p['gp_path'], feature_dim=model.embedding_dim,
