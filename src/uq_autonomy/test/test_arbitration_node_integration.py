@@ -119,9 +119,8 @@ class Harness:
         self.peer.create_timer(STREAM_PERIOD_S, self._stream)
 
         # One executor and thread per node: the node under test is served as in
-        # production, and the peer's stream never waits behind the node's callbacks (a
-        # shared multi-threaded executor busy-polls the node's ready-but-blocked entities,
-        # which starved the stream on a loaded CI machine).
+        # production, and the peer's stream does not wait behind the node's callbacks (with
+        # one shared multi-threaded executor the stream stalled on a loaded CI machine).
         self._spinning = threading.Event()
         self._spinning.set()
         self._executors = []

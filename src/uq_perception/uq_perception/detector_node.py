@@ -188,7 +188,9 @@ class DetectorNode(LifecycleNode):
 
         p = self._params
         torch.set_num_threads(p['torch_threads'])
-        retain_freed_memory()
+        if not retain_freed_memory():
+            self.get_logger().info('allocator thresholds unchanged (no glibc mallopt): '
+                                   'inference may page-fault more on each frame')
         model = load_detector(p['model_path'])
         model_id = getattr(model, 'model_id', '')
         gp = LastLayerNTKGP.load(p['gp_path'], feature_dim=model.embedding_dim,

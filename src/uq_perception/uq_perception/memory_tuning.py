@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
 
 # From glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1
@@ -22,8 +21,6 @@ _M_MMAP_THRESHOLD = -3
 # Several times the largest feature map of the detector at 320x240, and glibc's ceiling
 # for its own dynamic mmap threshold on 64-bit systems (DEFAULT_MMAP_THRESHOLD_MAX).
 DEFAULT_THRESHOLD_BYTES = 32 * 1024 * 1024
-
-_log = logging.getLogger(__name__)
 
 
 def retain_freed_memory(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES) -> bool:
@@ -49,7 +46,6 @@ def retain_freed_memory(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES) -> bool:
     except (OSError, AttributeError):
         mallopt = None
     if mallopt is None:
-        _log.info('mallopt not available: keeping the allocator defaults')
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
