@@ -16,7 +16,13 @@ import pytest
 import torch
 
 from uq_perception.detector import STRIDE, CenterNetDetector, load_detector
-from uq_perception.detector_data import augment, build_targets, jitter_boxes, load_split
+from uq_perception.detector_data import (
+    OUTLIER_LABEL,
+    augment,
+    build_targets,
+    jitter_boxes,
+    load_split,
+)
 from uq_perception.training import (
     TrainConfig,
     detection_loss,
@@ -221,6 +227,8 @@ def test_train_config_validation():
         TrainConfig(learning_rate=0.0)
     with pytest.raises(ValueError):
         TrainConfig(crop=(100, 160))
+    with pytest.raises(ValueError, match='separation_weight'):
+        TrainConfig(separation_weight=-1.0)
 
 
 def test_targets_decode_back_to_the_boxes():
@@ -256,6 +264,49 @@ def test_detection_loss_ignores_class_term_without_labels():
     assert float(losses['class']) == 0.0
     assert float(losses['total']) == pytest.approx(float(
         losses['heatmap'] + losses['size'] + losses['offset']), rel=1e-6)
+
+
+def test_auxiliary_objects_are_taught_as_outliers(tmp_path):
+    split_dir = _write_split(tmp_path, 'test_unknown', 2, seed=5)
+    coco = json.loads((split_dir / 'annotations.json').read_text())
+    coco['categories'][2]['supercategory'] = 'auxiliary'
+    (split_dir / 'annotations.json').write_text(json.dumps(coco))
+    split = load_split(split_dir)
+    assert [a.tolist() for a in split.auxiliary] == [[False, False, True]] * 2
+    # Still no class of the head, and evaluation counts it as not known.
+    assert [lb.tolist() for lb in split.labels] == [[0, 1, -1]] * 2
+    assert split.class_targets(0).tolist() == [0, 1, OUTLIER_LABEL]
+    # Occluded objects teach nothing, auxiliary or known.
+    split.occluded[1][:] = True
+    assert split.class_targets(1).tolist() == [-1, -1, -1]
+
+
+def test_detection_loss_outlier_exposure_and_separation_terms():
+    torch.manual_seed(0)
+    model = CenterNetDetector(['a', 'b', 'c'], embedding_dim=4, input_size=(32, 48),
+                              channels=(4, 8, 8, 8), neck_channels=8)
+    targets = build_targets([np.array([[10.0, 10.0, 12.0, 10.0], [34.0, 20.0, 14.0, 12.0]])],
+                            [np.array([1, OUTLIER_LABEL])], (32 // STRIDE, 48 // STRIDE))
+    maps = model.feature_maps(torch.rand(1, 3, 32, 48))
+    config = TrainConfig(outlier_weight=0.5, separation_weight=2.0)
+    losses = detection_loss(model, maps, targets, config)
+    phi = model.embed_cells(maps, targets.index, targets.boxes)[0]
+    logits = model.head(phi)
+    # Cross-entropy to the uniform distribution over the three known classes.
+    assert float(losses['outlier']) == pytest.approx(
+        float(-torch.log_softmax(logits[1], dim=-1).mean()), rel=1e-5)
+    assert float(losses['outlier']) >= math.log(3) - 1e-6
+    assert float(losses['separation']) == pytest.approx(
+        float(torch.cosine_similarity(phi[0], phi[1], dim=0) ** 2), rel=1e-4)
+    assert float(losses['total']) == pytest.approx(float(
+        losses['heatmap'] + losses['size'] + losses['offset'] + losses['class']
+        + 0.5 * losses['outlier'] + 2.0 * losses['separation']), rel=1e-5)
+    losses['separation'].backward()
+    assert model.embedding_mlp[0].weight.grad is not None
+    off = detection_loss(model, maps, targets, TrainConfig(outlier_weight=0.0,
+                                                           separation_weight=0.0))
+    assert float(off['total']) == pytest.approx(float(
+        off['heatmap'] + off['size'] + off['offset'] + off['class']), rel=1e-5)
 
 
 def test_run_training_and_evaluation_end_to_end(dataset, tmp_path):

@@ -3,8 +3,10 @@
 A split directory holds ``annotations.json`` (COCO with the extra per-object fields
 ``occluded``, ``truncated`` and ``visible_fraction`` that ``uq sim dataset`` writes) and
 the images it names. Categories with ``supercategory == 'known'`` are the detector's
-classes, in the order of their ids; every other category is an unknown object, which the
-detector must still find (objectness) but never learns a class for.
+classes, in the order of their ids; every other category is an object the detector must
+still find (objectness) but has no class for. Those with ``supercategory == 'auxiliary'``
+are training-time "other objects": the class head is taught that they are none of the
+known classes (outlier exposure, label :data:`OUTLIER_LABEL`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ import torch
 from uq_perception.detector import STRIDE
 
 KNOWN_SUPERCATEGORY = 'known'
+AUXILIARY_SUPERCATEGORY = 'auxiliary'
+# Class target of an auxiliary object: "none of the known classes". -1 means no class
+# target at all (unknown, occluded or tiny objects).
+OUTLIER_LABEL = -2
 # Objects smaller than this (pixels, shorter side) are too small to be judged reliably;
 # evaluation ignores them like occluded and truncated ones.
 MIN_EVAL_SIDE = 8.0
@@ -54,6 +60,8 @@ class DetectionSplit:
         Per image ``(K,)`` int64 COCO category ids.
     occluded, truncated : list[np.ndarray]
         Per image ``(K,)`` bool flags from the annotations.
+    auxiliary : list[np.ndarray]
+        Per image ``(K,)`` bool: auxiliary "other objects" (training only).
     class_names : list[str]
         Known classes (the detector's head), ordered by category id.
     category_names : dict[int, str]
@@ -68,6 +76,7 @@ class DetectionSplit:
     category_ids: list[np.ndarray]
     occluded: list[np.ndarray]
     truncated: list[np.ndarray]
+    auxiliary: list[np.ndarray]
     class_names: list[str]
     category_names: dict[int, str]
 
@@ -80,12 +89,26 @@ class DetectionSplit:
             self.boxes[index]) else np.zeros(0, dtype=bool)
         return self.occluded[index] | self.truncated[index] | small
 
-    def classifiable(self, index: int) -> np.ndarray:
-        """``(K,)`` bool: known objects visible enough to train or fit a classifier on."""
+    def _visible(self, index: int) -> np.ndarray:
+        """``(K,)`` bool: objects neither occluded nor too small to show their shape."""
         boxes = self.boxes[index]
         big = boxes[:, 2:].min(axis=1) >= MIN_CLASS_SIDE if len(boxes) else np.zeros(
             0, dtype=bool)
-        return (self.labels[index] >= 0) & ~self.occluded[index] & big
+        return ~self.occluded[index] & big
+
+    def classifiable(self, index: int) -> np.ndarray:
+        """``(K,)`` bool: known objects visible enough to train or fit a classifier on."""
+        return (self.labels[index] >= 0) & self._visible(index)
+
+    def class_targets(self, index: int) -> np.ndarray:
+        """Labels of one image's objects for the class loss.
+
+        The class index for classifiable known objects, :data:`OUTLIER_LABEL` for
+        auxiliary objects that are as visible, -1 (nothing taught) otherwise.
+        """
+        visible = self._visible(index)
+        return np.where((self.labels[index] >= 0) & visible, self.labels[index],
+                        np.where(self.auxiliary[index] & visible, OUTLIER_LABEL, -1))
 
     @property
     def num_objects(self) -> int:
@@ -131,6 +154,7 @@ def load_split(split_dir: str | Path, input_size: tuple[int, int] = (240, 320),
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(f'{ann_path} is not a COCO annotation file: {exc}') from exc
     known_ids = sorted(i for i, (_, sup) in categories.items() if sup == KNOWN_SUPERCATEGORY)
+    auxiliary_ids = {i for i, (_, sup) in categories.items() if sup == AUXILIARY_SUPERCATEGORY}
     names = [categories[i][0] for i in known_ids]
     if not names:
         raise ValueError(f'{ann_path} has no categories with supercategory '
@@ -149,7 +173,7 @@ def load_split(split_dir: str | Path, input_size: tuple[int, int] = (240, 320),
 
     height, width = input_size
     pixels = np.empty((len(images), height, width, 3), dtype=np.uint8)
-    boxes, labels, cats, occluded, truncated = [], [], [], [], []
+    boxes, labels, cats, occluded, truncated, auxiliary = [], [], [], [], [], []
     for n, im in enumerate(images):
         path = split_dir / im['file_name']
         bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)
@@ -173,11 +197,12 @@ def load_split(split_dir: str | Path, input_size: tuple[int, int] = (240, 320),
         labels.append(np.array([label_of.get(int(c), -1) for c in cat], dtype=np.int64))
         occluded.append(np.array([bool(a.get('occluded', False)) for a in anns], dtype=bool))
         truncated.append(np.array([bool(a.get('truncated', False)) for a in anns], dtype=bool))
+        auxiliary.append(np.isin(cat, list(auxiliary_ids)))
     return DetectionSplit(
         name=split_dir.name, images=pixels,
         image_ids=np.array([int(im['id']) for im in images], dtype=np.int64),
         boxes=boxes, labels=labels, category_ids=cats, occluded=occluded,
-        truncated=truncated, class_names=names,
+        truncated=truncated, auxiliary=auxiliary, class_names=names,
         category_names={i: n for i, (n, _) in categories.items()})
 
 
@@ -195,7 +220,7 @@ class Targets:
     mask: torch.Tensor  # (B, M) float 1 for a real object
     size: torch.Tensor  # (B, M, 2) log(width / stride), log(height / stride)
     offset: torch.Tensor  # (B, M, 2) centre minus its cell corner, in cells
-    label: torch.Tensor  # (B, M) int64 class index, -1 where no class is taught
+    label: torch.Tensor  # (B, M) int64 class index, -1 no class taught, -2 outlier
 
 
 def _splat(heatmap: np.ndarray, cx: int, cy: int, sigma_x: float, sigma_y: float) -> None:
@@ -220,7 +245,8 @@ def build_targets(boxes: Sequence[np.ndarray], labels: Sequence[np.ndarray],
         Per image ``(K, 4)`` centre-size boxes in input pixels.
     labels : Sequence[np.ndarray]
         Per image ``(K,)`` class index, -1 for objects without a class target (unknown,
-        occluded or tiny objects: they still get objectness and box targets).
+        occluded or tiny objects: they still get objectness and box targets),
+        :data:`OUTLIER_LABEL` for auxiliary objects.
     output_size : tuple[int, int]
         ``(h, w)`` of the stride-4 maps.
     """

@@ -57,6 +57,14 @@ class TrainConfig:
     class_weight, size_weight, offset_weight : float
         Weights of the cross-entropy, log-size L1 and offset L1 losses (the focal
         heatmap loss has weight 1).
+    outlier_weight : float
+        Weight of outlier exposure on auxiliary objects: cross-entropy of their logits to
+        the uniform distribution over the known classes.
+    separation_weight : float
+        Weight of the mean squared cosine between the embeddings of auxiliary and known
+        objects of a batch. The last-layer GP's variance is high only in embedding
+        directions that the known training objects leave empty, so "other objects" are
+        taught to point there; unknown objects that resemble them follow.
     crop : tuple[int, int] | None
         ``(height, width)`` of random training crops (multiples of 16; None: whole
         images). Crops make a step cheaper; objects keep their scale.
@@ -80,6 +88,8 @@ class TrainConfig:
     class_weight: float = 1.0
     size_weight: float = 1.0
     offset_weight: float = 1.0
+    outlier_weight: float = 0.5
+    separation_weight: float = 1.0
     crop: tuple[int, int] | None = (160, 224)
     box_jitter: bool = True
     seed: int = 0
@@ -92,8 +102,9 @@ class TrainConfig:
         for name in ('learning_rate', 'class_weight', 'size_weight', 'offset_weight'):
             if not getattr(self, name) > 0:
                 raise ValueError(f'{name} must be > 0, got {getattr(self, name)}')
-        if self.weight_decay < 0 or self.warmup_steps < 0:
-            raise ValueError('weight_decay and warmup_steps must be >= 0')
+        for name in ('weight_decay', 'warmup_steps', 'outlier_weight', 'separation_weight'):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f'{name} must be >= 0, got {getattr(self, name)}')
         if self.crop is not None and (len(self.crop) != 2 or any(
                 c < 16 or c % 16 for c in self.crop)):
             raise ValueError(f'crop must be (height, width), multiples of 16, got {self.crop}')
@@ -125,11 +136,17 @@ def focal_loss(heatmap_logits: torch.Tensor, target: torch.Tensor) -> torch.Tens
 
 def detection_loss(model: CenterNetDetector, maps: dict[str, torch.Tensor], targets: Targets,
                    config: TrainConfig) -> dict[str, torch.Tensor]:
-    """Weighted loss terms of a batch: ``total``, ``heatmap``, ``size``, ``offset``, ``class``."""
+    """Weighted loss terms of a batch.
+
+    Keys: ``total``, ``heatmap``, ``size``, ``offset``, ``class`` (cross-entropy on known
+    objects), ``outlier`` (cross-entropy to uniform on auxiliary objects) and
+    ``separation`` (squared cosine between auxiliary and known embeddings).
+    """
     import torch
     import torch.nn.functional as F
 
     from uq_perception.detector import gather_cells
+    from uq_perception.detector_data import OUTLIER_LABEL
 
     heat = focal_loss(maps['heatmap_logits'], targets.heatmap)
     mask = targets.mask.unsqueeze(2)
@@ -139,25 +156,29 @@ def detection_loss(model: CenterNetDetector, maps: dict[str, torch.Tensor], targ
               * mask).sum()
     size, offset = size / count, offset / count
     taught = targets.label >= 0
-    if bool(taught.any()):
-        logits = model.head(model.embed_cells(maps, targets.index, targets.boxes))
-        cls = F.cross_entropy(logits[taught], targets.label[taught])
-    else:
-        cls = heat.new_zeros(())
+    outlier = targets.label == OUTLIER_LABEL
+    cls = outlier_loss = separation = heat.new_zeros(())
+    if bool(taught.any()) or bool(outlier.any()):
+        phi = model.embed_cells(maps, targets.index, targets.boxes)
+        logits = model.head(phi)
+        if bool(taught.any()):
+            cls = F.cross_entropy(logits[taught], targets.label[taught])
+        if bool(outlier.any()):
+            outlier_loss = -F.log_softmax(logits[outlier], dim=-1).mean()
+            if bool(taught.any()):
+                cosine = F.normalize(phi[outlier], dim=-1) @ F.normalize(phi[taught], dim=-1).T
+                separation = cosine.pow(2).mean()
     total = heat + config.size_weight * size + config.offset_weight * offset \
-        + config.class_weight * cls
-    return {'total': total, 'heatmap': heat, 'size': size, 'offset': offset, 'class': cls}
+        + config.class_weight * cls + config.outlier_weight * outlier_loss \
+        + config.separation_weight * separation
+    return {'total': total, 'heatmap': heat, 'size': size, 'offset': offset, 'class': cls,
+            'outlier': outlier_loss, 'separation': separation}
 
 
 def _batches(count: int, batch_size: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
     order = rng.permutation(count)
     for start in range(0, count, batch_size):
         yield order[start:start + batch_size]
-
-
-def class_targets(split: DetectionSplit, index: int) -> np.ndarray:
-    """Labels of one image's objects for the class loss (-1: no class taught)."""
-    return np.where(split.classifiable(index), split.labels[index], -1)
 
 
 def train_detector(train: DetectionSplit, config: TrainConfig, progress: bool = True,
@@ -216,7 +237,7 @@ def train_detector(train: DetectionSplit, config: TrainConfig, progress: bool = 
             for batch in _batches(len(train), config.batch_size, rng):
                 images, boxes, labels = augment(
                     train.images[batch], [train.boxes[i] for i in batch],
-                    [class_targets(train, i) for i in batch], rng, crop=config.crop)
+                    [train.class_targets(i) for i in batch], rng, crop=config.crop)
                 targets = build_targets(boxes, labels, (images.shape[2] // STRIDE,
                                                         images.shape[3] // STRIDE))
                 if config.box_jitter:
@@ -280,7 +301,7 @@ def object_embeddings(model: CenterNetDetector, split: DetectionSplit,
                               disable=not progress):
                 idx = list(range(start, min(start + batch_size, len(split))))
                 targets = build_targets([split.boxes[i] for i in idx],
-                                        [class_targets(split, i) for i in idx],
+                                        [split.class_targets(i) for i in idx],
                                         model.output_size)
                 maps = model.feature_maps(images_to_tensor(split.images[idx]))
                 truth_phi = model.embed_cells(maps, targets.index, targets.boxes).numpy()
@@ -486,6 +507,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--batch-size', type=int, default=defaults.batch_size)
     parser.add_argument('--lr', type=float, default=defaults.learning_rate)
     parser.add_argument('--embedding-dim', type=int, default=defaults.embedding_dim)
+    parser.add_argument('--outlier-weight', type=float, default=defaults.outlier_weight,
+                        help='outlier exposure on auxiliary objects (0: off)')
+    parser.add_argument('--separation-weight', type=float,
+                        default=defaults.separation_weight,
+                        help='auxiliary-vs-known embedding separation (0: off)')
     parser.add_argument('--seed', type=int, default=defaults.seed)
     parser.add_argument('--threads', type=int, default=defaults.threads,
                         help='torch CPU threads')
@@ -500,6 +526,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size,
                          learning_rate=args.lr, embedding_dim=args.embedding_dim,
+                         outlier_weight=args.outlier_weight,
+                         separation_weight=args.separation_weight,
                          seed=args.seed, threads=args.threads)
     if args.gp_only:
         summary = refit_gp(args.data, args.out, seed=args.seed, threads=args.threads,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from uq_sim.dataset import SPLITS, generate_dataset, split_counts
-from uq_sim.objects import KNOWN_CLASSES, UNKNOWN_CLASSES
+from uq_sim.objects import AUXILIARY_CLASSES, KNOWN_CLASSES, UNKNOWN_CLASSES
 
 
 @pytest.fixture(scope='module')
@@ -37,10 +37,12 @@ def test_coco_format_contract(dataset):
     for split in SPLITS:
         coco = json.loads((out / split / 'annotations.json').read_text())
         cats = coco['categories']
-        assert [c['name'] for c in cats] == list(KNOWN_CLASSES + UNKNOWN_CLASSES)
+        assert [c['name'] for c in cats] == list(KNOWN_CLASSES + UNKNOWN_CLASSES
+                                                 + AUXILIARY_CLASSES)
         assert [c['id'] for c in cats] == list(range(1, len(cats) + 1))
         assert {c['name']: c['supercategory'] for c in cats}['mug'] == 'known'
         assert {c['name']: c['supercategory'] for c in cats}['torus'] == 'unknown'
+        assert {c['name']: c['supercategory'] for c in cats}['rock'] == 'auxiliary'
         image_ids = set()
         for im in coco['images']:
             assert set(im) == {'id', 'file_name', 'width', 'height'}
@@ -66,13 +68,18 @@ def test_coco_format_contract(dataset):
     assert ids == list(range(1, 9)), 'image ids are global and consecutive'
 
 
-def test_known_splits_have_only_known_and_unknown_split_has_unknowns(dataset):
+def test_unknown_shapes_appear_only_in_the_unknown_split(dataset):
     out, _ = dataset
-    n_known = len(KNOWN_CLASSES)
-    for split in ('train', 'val', 'test'):
+    n_known, n_unknown = len(KNOWN_CLASSES), len(UNKNOWN_CLASSES)
+    for split in ('val', 'test'):
         coco = json.loads((out / split / 'annotations.json').read_text())
         assert all(a['category_id'] <= n_known for a in coco['annotations'])
+    # Training may hold auxiliary "other objects", never the unknown test shapes.
+    coco = json.loads((out / 'train' / 'annotations.json').read_text())
+    assert all(a['category_id'] <= n_known or a['category_id'] > n_known + n_unknown
+               for a in coco['annotations'])
     coco = json.loads((out / 'test_unknown' / 'annotations.json').read_text())
+    assert all(a['category_id'] <= n_known + n_unknown for a in coco['annotations'])
     for im in coco['images']:
         unknown = [a for a in coco['annotations']
                    if a['image_id'] == im['id'] and a['category_id'] > n_known]

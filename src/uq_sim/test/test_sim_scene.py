@@ -12,6 +12,7 @@ import pytest
 from uq_sim.geometry import intrinsics_from_fovy, mat_to_quat, quat_to_mat, rot_x, rot_z
 from uq_sim.objects import (
     ALL_CLASSES,
+    AUXILIARY_CLASSES,
     KNOWN_CLASSES,
     UNKNOWN_CLASSES,
     Appearance,
@@ -21,6 +22,8 @@ from uq_sim.objects import (
     cone_mesh,
     make_object,
     mesh_volume,
+    prism_mesh,
+    rock_mesh,
     star_prism_mesh,
     tetrahedron_mesh,
     torus_mesh,
@@ -44,15 +47,21 @@ def renderer():
 def test_class_lists_and_category_ids_follow_the_contract():
     assert KNOWN_CLASSES == ('box', 'sphere', 'cylinder', 'capsule', 'ellipsoid', 'mug')
     assert len(UNKNOWN_CLASSES) >= 4 and not set(UNKNOWN_CLASSES) & set(KNOWN_CLASSES)
+    assert not set(AUXILIARY_CLASSES) & (set(KNOWN_CLASSES) | set(UNKNOWN_CLASSES))
+    assert ALL_CLASSES == KNOWN_CLASSES + UNKNOWN_CLASSES + AUXILIARY_CLASSES
     assert [category_id(c) for c in ALL_CLASSES] == list(range(1, len(ALL_CLASSES) + 1))
     assert class_index('mug') == 5 and class_index('torus') == -1
     with pytest.raises(ValueError, match='unknown object class'):
         category_id('teapot')
 
 
-@pytest.mark.parametrize('mesh', [torus_mesh(0.05, 0.015), cone_mesh(0.04, 0.1),
-                                  tetrahedron_mesh(0.1), star_prism_mesh(0.05, 0.02, 0.02)],
-                         ids=['torus', 'cone', 'tetrahedron', 'star'])
+@pytest.mark.parametrize('mesh', [
+    torus_mesh(0.05, 0.015), cone_mesh(0.04, 0.1), tetrahedron_mesh(0.1),
+    star_prism_mesh(0.05, 0.02, 0.02),
+    rock_mesh((0.05, 0.04, 0.03), np.random.default_rng(0), bumpiness=0.4),
+    prism_mesh(np.array([[0.04, 0.0], [0.01, 0.03], [-0.03, 0.02], [-0.02, -0.03],
+                         [0.02, -0.02]]), 0.02)],
+    ids=['torus', 'cone', 'tetrahedron', 'star', 'rock', 'slab'])
 def test_procedural_meshes_are_closed_and_face_outwards(mesh):
     edges = Counter()
     for a, b, c in mesh.faces:

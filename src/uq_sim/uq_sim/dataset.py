@@ -6,8 +6,10 @@ Layout (the contract with the detector's training and evaluation)::
     DIR/<split>/images/<6-digit id>.png   RGB images
     DIR/<split>/annotations.json          COCO: images, annotations, categories
 
-Splits ``train``, ``val`` and ``test`` hold known objects only; ``test_unknown`` holds
-known and unknown objects with at least one clearly visible unknown object per image.
+Splits ``val`` and ``test`` hold known objects only; ``train`` holds known objects and,
+in some images, auxiliary "other objects" (see :mod:`uq_sim.objects`); ``test_unknown``
+holds known and unknown objects with at least one clearly visible unknown object per
+image. Unknown shapes never appear outside ``test_unknown``.
 Image ids are global (unique across splits, starting at 1) and equal the file number.
 
 Every image is a deterministic function of ``(seed, image id)``, independent of the other
@@ -32,7 +34,7 @@ import numpy as np
 SPLITS: tuple[str, ...] = ('train', 'val', 'test', 'test_unknown')
 DEFAULT_FRACTIONS: dict[str, float] = {'train': 0.7, 'val': 0.1, 'test': 0.1,
                                        'test_unknown': 0.1}
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _MAX_ATTEMPTS = 20
 
 
@@ -75,6 +77,8 @@ def _config_for(split: str):  # -> RandomizationConfig (imported lazily: pulls i
     from uq_sim.randomization import RandomizationConfig
     if split == 'test_unknown':
         return RandomizationConfig(n_known=(1, 4), n_unknown=(1, 2))
+    if split == 'train':
+        return RandomizationConfig(n_auxiliary=(0, 2))
     return RandomizationConfig()
 
 

@@ -2,11 +2,16 @@
 
 Each object is a rigid set of geoms in its own body frame. Six **known** classes are used
 for training; **unknown** shapes are never used for training and serve to test whether the
-detector knows what it does not know. Procedural meshes (torus, cone, tetrahedron, star)
-are computed here from their dimensions.
+detector knows what it does not know. **Auxiliary** shapes are generic "other objects"
+(irregular rocks, stacked blocks, irregular slabs, crossed sticks) that appear only in the
+training split: the detector learns objectness on them and learns that they belong to none
+of the known classes, so that "not one of these" is something it was taught rather than
+left to chance. They are deliberately unlike the unknown test shapes, which stay unseen.
+Procedural meshes are computed here from their dimensions.
 
 Category ids follow the dataset contract: known classes 1..6 in :data:`KNOWN_CLASSES`
-order, unknown classes 7.. in :data:`UNKNOWN_CLASSES` order.
+order, unknown classes 7..11 in :data:`UNKNOWN_CLASSES` order, auxiliary classes 12.. in
+:data:`AUXILIARY_CLASSES` order.
 """
 
 from __future__ import annotations
@@ -22,11 +27,23 @@ from uq_sim.geometry import mat_to_quat, rot_x, rot_y, rot_z
 
 KNOWN_CLASSES: tuple[str, ...] = ('box', 'sphere', 'cylinder', 'capsule', 'ellipsoid', 'mug')
 UNKNOWN_CLASSES: tuple[str, ...] = ('torus', 'cone', 'tetrahedron', 'dumbbell', 'star')
-ALL_CLASSES: tuple[str, ...] = KNOWN_CLASSES + UNKNOWN_CLASSES
+AUXILIARY_CLASSES: tuple[str, ...] = ('rock', 'block_stack', 'slab', 'sticks')
+ALL_CLASSES: tuple[str, ...] = KNOWN_CLASSES + UNKNOWN_CLASSES + AUXILIARY_CLASSES
+
+
+def supercategory(class_name: str) -> str:
+    """``'known'``, ``'unknown'`` or ``'auxiliary'`` (the COCO supercategory of a class)."""
+    if class_name in KNOWN_CLASSES:
+        return 'known'
+    if class_name in UNKNOWN_CLASSES:
+        return 'unknown'
+    if class_name in AUXILIARY_CLASSES:
+        return 'auxiliary'
+    raise ValueError(f'unknown object class {class_name!r}; expected one of {ALL_CLASSES}')
 
 
 def category_id(class_name: str) -> int:
-    """COCO category id of a class: known 1..6, unknown 7.. .
+    """COCO category id of a class: known 1..6, unknown 7..11, auxiliary 12.. .
 
     Raises
     ------
@@ -45,8 +62,7 @@ def class_index(class_name: str) -> int:
 
 def coco_categories() -> list[dict]:
     """The ``categories`` list of the dataset's COCO files."""
-    return [{'id': category_id(name), 'name': name,
-             'supercategory': 'known' if name in KNOWN_CLASSES else 'unknown'}
+    return [{'id': category_id(name), 'name': name, 'supercategory': supercategory(name)}
             for name in ALL_CLASSES]
 
 
@@ -262,14 +278,16 @@ def tetrahedron_mesh(edge: float, height_scale: float = 1.0) -> Mesh:
     return Mesh(verts, faces)
 
 
-def star_prism_mesh(outer: float, inner: float, thickness: float, points: int = 5) -> Mesh:
-    """Star-shaped prism (flat star) lying in the z=0 plane, extruded to ``thickness``."""
-    if not 0.0 < inner < outer or thickness <= 0.0 or points < 3:
-        raise ValueError('star prism needs 0 < inner < outer, thickness > 0, points >= 3')
-    k = 2 * points
-    ang = math.pi / 2 + np.arange(k) * math.pi / points
-    rad = np.where(np.arange(k) % 2 == 0, outer, inner)
-    outline = np.stack([rad * np.cos(ang), rad * np.sin(ang)], axis=1)
+def prism_mesh(outline: np.ndarray, thickness: float) -> Mesh:
+    """Prism over a polygon in the z=0 plane, extruded to ``thickness``.
+
+    ``outline`` is ``(K, 2)``, counter-clockwise and star-shaped about the origin (every
+    vertex seen from the origin in angular order), so a fan from the centre triangulates it.
+    """
+    outline = np.asarray(outline, float)
+    k = len(outline)
+    if k < 3 or thickness <= 0.0:
+        raise ValueError('a prism needs at least 3 outline vertices and thickness > 0')
     bottom = np.hstack([outline, np.zeros((k, 1))])
     top = np.hstack([outline, np.full((k, 1), thickness)])
     verts = np.vstack([bottom, top, [[0.0, 0.0, 0.0], [0.0, 0.0, thickness]]])
@@ -278,6 +296,53 @@ def star_prism_mesh(outer: float, inner: float, thickness: float, points: int = 
     for i in range(k):
         j = (i + 1) % k
         faces += [(cb, j, i), (ct, k + i, k + j), (i, j, k + j), (i, k + j, k + i)]
+    return Mesh(verts, np.asarray(faces, dtype=int))
+
+
+def star_prism_mesh(outer: float, inner: float, thickness: float, points: int = 5) -> Mesh:
+    """Star-shaped prism (flat star) lying in the z=0 plane, extruded to ``thickness``."""
+    if not 0.0 < inner < outer or thickness <= 0.0 or points < 3:
+        raise ValueError('star prism needs 0 < inner < outer, thickness > 0, points >= 3')
+    k = 2 * points
+    ang = math.pi / 2 + np.arange(k) * math.pi / points
+    rad = np.where(np.arange(k) % 2 == 0, outer, inner)
+    return prism_mesh(np.stack([rad * np.cos(ang), rad * np.sin(ang)], axis=1), thickness)
+
+
+def rock_mesh(semi_axes: tuple[float, float, float], rng: np.random.Generator,
+              bumpiness: float = 0.3, n_lat: int = 7, n_lon: int = 12) -> Mesh:
+    """Irregular lump: a coarse UV sphere with random low-frequency radial bumps.
+
+    The radius along unit direction ``n`` is ``1 + bumpiness * sum_k a_k cos(w_k d_k.n +
+    p_k)`` (three random waves, weights summing to 1) times the semi-axes; the coarse
+    tessellation leaves flat facets, as on a stone.
+    """
+    if min(semi_axes) <= 0.0 or not 0.0 <= bumpiness < 1.0:
+        raise ValueError('a rock needs positive semi-axes and 0 <= bumpiness < 1')
+    lat = np.linspace(0.0, math.pi, n_lat + 1)[1:-1]
+    lon = np.linspace(0.0, 2 * math.pi, n_lon, endpoint=False)
+    la, lo = np.meshgrid(lat, lon, indexing='ij')
+    ring = np.stack([np.sin(la) * np.cos(lo), np.sin(la) * np.sin(lo), np.cos(la)], axis=-1)
+    dirs = np.vstack([[[0.0, 0.0, 1.0]], ring.reshape(-1, 3), [[0.0, 0.0, -1.0]]])
+    waves = rng.normal(size=(3, 3))
+    waves /= np.linalg.norm(waves, axis=1, keepdims=True)
+    weights = rng.dirichlet(np.ones(3))
+    freq = rng.uniform(1.5, 3.0, 3)
+    phase = rng.uniform(0.0, 2 * math.pi, 3)
+    radius = 1.0 + bumpiness * (weights * np.cos(dirs @ waves.T * freq + phase)).sum(axis=1)
+    verts = dirs * radius[:, None] * np.asarray(semi_axes)
+    top, bottom = 0, len(dirs) - 1
+
+    def v(i: int, j: int) -> int:  # ring i (0 = nearest the top), longitude j
+        return 1 + i * n_lon + j % n_lon
+
+    faces = []
+    for j in range(n_lon):
+        faces.append((top, v(0, j), v(0, j + 1)))
+        faces.append((bottom, v(n_lat - 2, j + 1), v(n_lat - 2, j)))
+        for i in range(n_lat - 2):
+            faces += [(v(i, j), v(i + 1, j), v(i + 1, j + 1)),
+                      (v(i, j), v(i + 1, j + 1), v(i, j + 1))]
     return Mesh(verts, np.asarray(faces, dtype=int))
 
 
@@ -372,7 +437,51 @@ def _shape(class_name: str, rng: np.random.Generator) -> tuple[tuple[GeomSpec, .
         outer = _u(rng, 0.045, 0.065)
         mesh = star_prism_mesh(outer, _u(rng, 0.4, 0.5) * outer, _u(rng, 0.015, 0.03))
         return (GeomSpec(GeomType.MESH, mesh=mesh),), np.eye(3)
+    if class_name in AUXILIARY_CLASSES:
+        return _auxiliary_shape(class_name, rng), np.eye(3)
     raise ValueError(f'unknown object class {class_name!r}; expected one of {ALL_CLASSES}')
+
+
+def _auxiliary_shape(class_name: str, rng: np.random.Generator) -> tuple[GeomSpec, ...]:
+    """Geoms of an auxiliary (training-only "other object") instance, resting upright."""
+    if class_name == 'rock':
+        axes = (_u(rng, 0.03, 0.06), _u(rng, 0.025, 0.05), _u(rng, 0.018, 0.04))
+        return (GeomSpec(GeomType.MESH, mesh=rock_mesh(axes, rng, _u(rng, 0.2, 0.4))),)
+    if class_name == 'block_stack':
+        # A base block with one or two smaller blocks on top, off-centre (steps, T, L).
+        base = (_u(rng, 0.03, 0.06), _u(rng, 0.02, 0.045), _u(rng, 0.01, 0.025))
+        geoms = [GeomSpec(GeomType.BOX, base)]
+        z, below = base[2], base
+        for _ in range(int(rng.integers(1, 3))):
+            size = (_u(rng, 0.35, 0.8) * below[0], _u(rng, 0.4, 1.3) * below[1],
+                    _u(rng, 0.01, 0.025))
+            pos = (_u(rng, -1.0, 1.0) * (below[0] - size[0]), 0.0, z + size[2])
+            geoms.append(GeomSpec(GeomType.BOX, size, pos, rot_z(_u(rng, -0.6, 0.6))))
+            z, below = z + 2 * size[2], size
+        return tuple(geoms)
+    if class_name == 'slab':
+        k = int(rng.integers(5, 9))
+        # Even spacing jittered by less than half a step keeps the vertices in angular
+        # order, so the outline stays star-shaped about its centre.
+        angles = (np.arange(k) + rng.uniform(-0.35, 0.35, k)) * (2 * math.pi / k)
+        reach = _u(rng, 0.035, 0.065)
+        radii = reach * rng.uniform(0.55, 1.0, k)
+        outline = np.stack([radii * np.cos(angles), radii * np.sin(angles)], axis=1)
+        return (GeomSpec(GeomType.MESH, mesh=prism_mesh(outline, _u(rng, 0.012, 0.04))),)
+    if class_name == 'sticks':
+        # Two or three thin rods crossing, each resting on the one below.
+        geoms, z = [], 0.0
+        for n in range(int(rng.integers(2, 4))):
+            r, half = _u(rng, 0.006, 0.012), _u(rng, 0.035, 0.06)
+            z += r if n == 0 else r + geoms[-1].size[0]
+            a = _u(rng, 0.0, math.pi)
+            shift = rng.uniform(-0.015, 0.015, 2)
+            end = np.array([half * math.cos(a), half * math.sin(a), 0.0])
+            centre = np.array([shift[0], shift[1], z])
+            geoms.append(_capsule_between(centre - end, centre + end, r))
+        return tuple(geoms)
+    raise ValueError(f'unknown auxiliary class {class_name!r}; expected one of '
+                     f'{AUXILIARY_CLASSES}')
 
 
 def random_rgb(rng: np.random.Generator) -> tuple[float, ...]:

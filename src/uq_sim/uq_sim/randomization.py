@@ -16,6 +16,7 @@ import numpy as np
 
 from uq_sim.geometry import intrinsics_from_fovy, ray_to_plane
 from uq_sim.objects import (
+    AUXILIARY_CLASSES,
     KNOWN_CLASSES,
     UNKNOWN_CLASSES,
     ObjectSpec,
@@ -38,6 +39,9 @@ class RandomizationConfig:
         Inclusive range of the number of known objects per scene.
     n_unknown : tuple[int, int]
         Inclusive range of the number of unknown objects per scene.
+    n_auxiliary : tuple[int, int]
+        Inclusive range of the number of auxiliary ("other object") shapes per scene;
+        only the training split has them.
     n_distractors : tuple[int, int]
         Inclusive range of flat clutter items.
     gripper_probability : float
@@ -53,6 +57,7 @@ class RandomizationConfig:
 
     n_known: tuple[int, int] = (2, 5)
     n_unknown: tuple[int, int] = (0, 0)
+    n_auxiliary: tuple[int, int] = (0, 0)
     n_distractors: tuple[int, int] = (0, 4)
     gripper_probability: float = 0.3
     behind_probability: float = 0.3
@@ -60,7 +65,7 @@ class RandomizationConfig:
     camera_roll: float = 0.06
 
     def __post_init__(self) -> None:
-        for name in ('n_known', 'n_unknown', 'n_distractors'):
+        for name in ('n_known', 'n_unknown', 'n_auxiliary', 'n_distractors'):
             lo, hi = getattr(self, name)
             if not 0 <= lo <= hi:
                 raise ValueError(f'{name} must satisfy 0 <= low <= high, got {(lo, hi)}')
@@ -181,6 +186,7 @@ def place_objects(rng: np.random.Generator, classes: Sequence[str], camera: Came
 def sample_scene(rng: np.random.Generator, config: RandomizationConfig | None = None,
                  known_classes: Sequence[str] = KNOWN_CLASSES,
                  unknown_classes: Sequence[str] = UNKNOWN_CLASSES,
+                 auxiliary_classes: Sequence[str] = AUXILIARY_CLASSES,
                  size: tuple[int, int] = (320, 240)) -> SceneSpec:
     """Draw a random tabletop scene.
 
@@ -190,7 +196,7 @@ def sample_scene(rng: np.random.Generator, config: RandomizationConfig | None = 
         The only source of randomness.
     config : RandomizationConfig, optional
         Ranges; defaults to known objects only.
-    known_classes, unknown_classes : sequence of str
+    known_classes, unknown_classes, auxiliary_classes : sequence of str
         Classes to draw from (uniformly, with replacement).
     size : tuple of int
         Image (width, height) the scene is meant for; sets where objects are placed.
@@ -198,8 +204,8 @@ def sample_scene(rng: np.random.Generator, config: RandomizationConfig | None = 
     Returns
     -------
     SceneSpec
-        Unknown objects come first in ``objects`` so that they get a place even on a
-        crowded table.
+        Unknown, then auxiliary objects come first in ``objects`` so that they get a place
+        even on a crowded table.
     """
     config = config or RandomizationConfig()
     camera = sample_camera(rng, config.camera_jitter, config.camera_roll)
@@ -207,8 +213,12 @@ def sample_scene(rng: np.random.Generator, config: RandomizationConfig | None = 
     n_unknown = int(rng.integers(config.n_unknown[0], config.n_unknown[1] + 1))
     if n_known + n_unknown == 0:
         n_known = 1
-    classes = ([str(rng.choice(unknown_classes)) for _ in range(n_unknown)]
-               + [str(rng.choice(known_classes)) for _ in range(n_known)])
+    classes = [str(rng.choice(unknown_classes)) for _ in range(n_unknown)]
+    if config.n_auxiliary[1] > 0:
+        # Drawn only when asked for, so scenes without them keep their random stream.
+        n_auxiliary = int(rng.integers(config.n_auxiliary[0], config.n_auxiliary[1] + 1))
+        classes += [str(rng.choice(auxiliary_classes)) for _ in range(n_auxiliary)]
+    classes += [str(rng.choice(known_classes)) for _ in range(n_known)]
     objects = place_objects(rng, classes, camera, size, config.behind_probability)
     distractors = []
     for j in range(int(rng.integers(config.n_distractors[0], config.n_distractors[1] + 1))):
