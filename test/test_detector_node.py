@@ -184,6 +184,14 @@ def test_rendered_frame_in_detection_array_out_with_image_stamp(harness):
         assert abs(sum(det.class_probabilities) - 1.0) < 1e-4
         assert 0 <= det.center_x <= WIDTH and 0 <= det.center_y <= HEIGHT
 
+    def latency_split_reported() -> bool:
+        values = {kv.key: float(kv.value) for d in harness.diagnostics[-1:]
+                  for s in d.status for kv in s.values if kv.key.endswith('_p50_ms')}
+        return len(values) == 3 and all(v >= 0.0 for v in values.values())
+
+    # Callback latency, DDS transport and executor dispatch, all measured, none negative.
+    assert harness.wait_for(latency_split_reported), harness.diagnostics[-1:]
+
 
 def test_lifecycle_cycles_publish_only_while_active(harness):
     before = harness.image()

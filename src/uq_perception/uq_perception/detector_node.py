@@ -231,6 +231,7 @@ class DetectorNode(LifecycleNode):
         self._stats.record_arrival(arrival)
         self._last_arrival = arrival
         self._count_dropped(info.get('publication_sequence_number'))
+        self._record_delivery(info, time.time_ns())
         try:
             rgb = image_to_rgb(msg.height, msg.width, msg.encoding, msg.step, msg.data,
                                bool(msg.is_bigendian), self._params['max_image_pixels'])
@@ -260,6 +261,15 @@ class DetectorNode(LifecycleNode):
                 header=msg.header, **rgb_to_image_fields(draw_overlay(rgb, frame,
                                                                       ood_threshold))))
 
+    def _record_delivery(self, info: dict, callback_start_ns: int) -> None:
+        # DDS stamps when the publisher wrote the frame and when it reached this process
+        # (system clock, shared by processes on one host): the latency before the callback
+        # splits into transport and waiting for the executor to dispatch it.
+        source, received = info.get('source_timestamp'), info.get('received_timestamp')
+        if source and received:
+            self._stats.record_latency((received - source) * 1e-6, 'transport')
+            self._stats.record_latency((callback_start_ns - received) * 1e-6, 'dispatch')
+
     def _count_dropped(self, sequence: int | None) -> None:
         # DDS publication sequence numbers grow by one per message of a publisher; a gap
         # means frames the depth-1 queue overwrote while we were busy (or lost in
@@ -272,6 +282,8 @@ class DetectorNode(LifecycleNode):
     def _publish_diagnostics(self) -> None:
         now = time.monotonic()
         p50, p99 = self._stats.latency_percentiles(50, 99)
+        transport_p50, = self._stats.latency_percentiles(50, stage='transport')
+        dispatch_p50, = self._stats.latency_percentiles(50, stage='dispatch')
         counters = self._stats.counters
         level, message = DiagnosticStatus.OK, 'processing images'
         if self._last_arrival is None or now - self._last_arrival > \
@@ -283,6 +295,7 @@ class DetectorNode(LifecycleNode):
         values = {
             'input_rate_hz': f'{self._stats.rate_hz(now):.2f}',
             'latency_p50_ms': f'{p50:.2f}', 'latency_p99_ms': f'{p99:.2f}',
+            'transport_p50_ms': f'{transport_p50:.2f}', 'dispatch_p50_ms': f'{dispatch_p50:.2f}',
             'frames_processed': str(counters.get('processed', 0)),
             'frames_dropped': str(counters.get('dropped', 0)),
             'frames_rejected': str(counters.get('rejected', 0)),

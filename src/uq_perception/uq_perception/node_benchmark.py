@@ -103,8 +103,9 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int) -> dict:
     sent: dict[tuple[int, int], float] = {}
     latencies: dict[tuple[int, int], float] = {}
     inference_ms: list[float] = []
-    # The node's own figures (callback start -> DetectionArray published), which split the
-    # end-to-end latency into the node's work and DDS transport plus executor wake-ups.
+    # The node's own figures split the end-to-end latency: image transport (DDS source ->
+    # reception stamps), waiting for the executor (reception -> callback), the callback
+    # (-> DetectionArray published); the rest is the answer's way back to this process.
     node_report: dict[str, str] = {}
 
     def on_detections(msg: DetectionArray) -> None:
@@ -175,6 +176,8 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int) -> dict:
         'node_inference_p50_ms': float(np.percentile(inference_ms, 50)),
         'node_callback_p50_ms': float(node_report.get('latency_p50_ms', 'nan')),
         'node_callback_p99_ms': float(node_report.get('latency_p99_ms', 'nan')),
+        'node_transport_p50_ms': float(node_report.get('transport_p50_ms', 'nan')),
+        'node_dispatch_p50_ms': float(node_report.get('dispatch_p50_ms', 'nan')),
         'node_frames_dropped': int(node_report.get('frames_dropped', -1)),
     }
 

@@ -8,7 +8,7 @@ import numpy as np
 
 
 class RollingStats:
-    """Latency samples and event times over a sliding window.
+    """Latency samples (per named stage) and event times over a sliding window.
 
     Parameters
     ----------
@@ -19,7 +19,8 @@ class RollingStats:
     """
 
     def __init__(self, window: int = 300, rate_window_s: float = 5.0) -> None:
-        self._latencies_ms: deque[float] = deque(maxlen=window)
+        self._window = window
+        self._latencies_ms: dict[str, deque[float]] = {}
         self._arrivals: deque[float] = deque()
         self._rate_window_s = rate_window_s
         self.counters: dict[str, int] = {}
@@ -30,8 +31,9 @@ class RollingStats:
         while self._arrivals and now_s - self._arrivals[0] > self._rate_window_s:
             self._arrivals.popleft()
 
-    def record_latency(self, latency_ms: float) -> None:
-        self._latencies_ms.append(latency_ms)
+    def record_latency(self, latency_ms: float, stage: str = 'callback') -> None:
+        """Add one latency sample (ms) of ``stage``."""
+        self._latencies_ms.setdefault(stage, deque(maxlen=self._window)).append(latency_ms)
 
     def increment(self, counter: str, by: int = 1) -> None:
         self.counters[counter] = self.counters.get(counter, 0) + by
@@ -44,9 +46,11 @@ class RollingStats:
         span = max(now_s - recent[0], recent[-1] - recent[0])
         return (len(recent) - 1) / span if span > 0 else 0.0
 
-    def latency_percentiles(self, *percentiles: float) -> list[float]:
-        """Latency percentiles in ms (NaN when there is no sample yet)."""
-        if not self._latencies_ms:
+    def latency_percentiles(self, *percentiles: float, stage: str = 'callback'
+                            ) -> list[float]:
+        """Latency percentiles of ``stage`` in ms (NaN when there is no sample yet)."""
+        samples = self._latencies_ms.get(stage)
+        if not samples:
             return [float('nan')] * len(percentiles)
-        values = np.percentile(np.fromiter(self._latencies_ms, dtype=float), percentiles)
+        values = np.percentile(np.fromiter(samples, dtype=float), percentiles)
         return [float(v) for v in np.atleast_1d(values)]
