@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -94,6 +95,7 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int) -> dict:
     from rclpy.executors import SingleThreadedExecutor
     from rclpy.node import Node
     from rclpy.qos import QoSProfile, ReliabilityPolicy
+    from rclpy.task import Future
     from sensor_msgs.msg import Image
 
     from uq_msgs.msg import DetectionArray
@@ -143,20 +145,37 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int) -> dict:
     sent.clear()
     latencies.clear()
     inference_ms.clear()
+    # Frames go out from their own thread, paced by sleeping, while this thread blocks in
+    # the executor: a spin_once(timeout) loop here would build a timer and a wait set per
+    # call and add its own wake-up delay to every answer it times.
     period = 1.0 / rate_hz
-    start = time.perf_counter()
-    for i in range(count):
-        msg = Image(**fields[i % len(fields)])
-        msg.header.stamp.sec, msg.header.stamp.nanosec = 1 + i, 0
-        target = start + i * period
-        while (now := time.perf_counter()) < target:
-            executor.spin_once(timeout_sec=target - now)
-        sent[(1 + i, 0)] = time.perf_counter()
-        publisher.publish(msg)
-    elapsed = time.perf_counter() - start
-    drain = time.perf_counter() + 2.0
-    while time.perf_counter() < drain and len(latencies) < len(sent):
-        executor.spin_once(timeout_sec=0.05)
+    finished = Future()
+    timing: dict[str, float] = {}
+
+    def publish_frames() -> None:
+        try:
+            start = time.perf_counter()
+            for i in range(count):
+                msg = Image(**fields[i % len(fields)])
+                msg.header.stamp.sec, msg.header.stamp.nanosec = 1 + i, 0
+                time.sleep(max(0.0, start + i * period - time.perf_counter()))
+                sent[(1 + i, 0)] = time.perf_counter()
+                publisher.publish(msg)
+            timing['elapsed'] = time.perf_counter() - start
+            drain = time.perf_counter() + 2.0
+            while time.perf_counter() < drain and len(latencies) < len(sent):
+                time.sleep(0.01)
+        finally:
+            # Also on an error, so the executor below stops waiting.
+            finished.set_result(True)
+
+    sender = threading.Thread(target=publish_frames, name='uq_bench_frames', daemon=True)
+    sender.start()
+    executor.spin_until_future_complete(finished)
+    sender.join()
+    if 'elapsed' not in timing:
+        raise RuntimeError('publishing the benchmark frames failed (see the error above)')
+    elapsed = timing['elapsed']
     # One more diagnostics period, so the node's figures cover the whole run.
     report_until = time.perf_counter() + 1.5
     while time.perf_counter() < report_until:
