@@ -10,28 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Pairwise IoU of centre-size boxes.
-
-    Parameters
-    ----------
-    a, b : np.ndarray
-        ``(N, 4)`` and ``(M, 4)`` boxes as ``center_x, center_y, width, height``.
-
-    Returns
-    -------
-    np.ndarray
-        ``(N, M)`` intersection over union, 0 where a box has no area.
-    """
-    a = np.asarray(a, dtype=np.float64).reshape(-1, 4)
-    b = np.asarray(b, dtype=np.float64).reshape(-1, 4)
-    a1, a2 = a[:, None, :2] - a[:, None, 2:] / 2, a[:, None, :2] + a[:, None, 2:] / 2
-    b1, b2 = b[None, :, :2] - b[None, :, 2:] / 2, b[None, :, :2] + b[None, :, 2:] / 2
-    wh = np.clip(np.minimum(a2, b2) - np.maximum(a1, b1), 0.0, None)
-    inter = wh[..., 0] * wh[..., 1]
-    union = (a[:, None, 2] * a[:, None, 3]) + (b[None, :, 2] * b[None, :, 3]) - inter
-    return np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
+from uq_perception.detection_metrics import box_iou
 
 
 class IoUTracker:

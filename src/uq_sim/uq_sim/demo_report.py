@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from uq_perception.tracking import box_iou
+from uq_perception.detection_metrics import box_iou
 
 
 @dataclass
