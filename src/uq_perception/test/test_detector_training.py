@@ -345,7 +345,12 @@ def test_run_training_and_evaluation_end_to_end(dataset, tmp_path):
                       progress=False)
     assert report['model_id'] == summary['model_id']
     assert set(report['detection_test']['ap50_per_class']) == {'rectangle', 'ellipse'}
-    assert report['uncertainty']['unknown_objects'] == 3
+    uncertainty = report['uncertainty']
+    assert uncertainty['unknown_objects'] == 3
+    # Per-class separation covers exactly the unknown classes that were detected.
+    assert set(uncertainty['auroc_unknown_gp_variance_per_class']) <= {'triangle'}
+    assert (uncertainty['ood_matched_unknown'] > 0) == bool(
+        uncertainty['auroc_unknown_gp_variance_per_class'])
     latency = report['latency_ms']
     assert latency['runs'] == 3
     assert latency['threads_1']['forward_p50'] > 0 and latency['threads_2']['forward_p50'] > 0

@@ -177,6 +177,7 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
     signals: dict[str, list[float]] = {'gp_variance': [], 'mutual_information': [],
                                        'predictive_entropy': [], 'max_softmax': []}
     is_unknown: list[bool] = []
+    matched_category: list[int] = []
     for i, det_index, obj_index in _matched_objects(test_unknown, dets):
         hard = test_unknown.hard(i)
         unknown = test_unknown.labels[i] < 0
@@ -197,6 +198,7 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
         z = np.exp(logits - logits.max(axis=1, keepdims=True))
         signals['max_softmax'] += (1.0 - z.max(axis=1) / z.sum(axis=1)).tolist()
         is_unknown += unknown[obj_index].tolist()
+        matched_category += test_unknown.category_ids[i][obj_index].tolist()
     all_unknown = [h for hits in found.values() for h in hits]
     labels = np.array(is_unknown, dtype=bool)
     result['unknown_recall'] = _round(float(np.mean(all_unknown))) if all_unknown else None
@@ -210,6 +212,12 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
     result['ood_matched_unknown'] = int(labels.sum())
     result['auroc_unknown'] = {name: _safe_auroc(np.array(v), labels)
                                for name, v in signals.items()}
+    # Which unknown shapes the GP variance separates from the known objects, and which not.
+    variance, category = np.array(signals['gp_variance']), np.array(matched_category)
+    result['auroc_unknown_gp_variance_per_class'] = {
+        test_unknown.category_names[int(c)]: _safe_auroc(
+            variance[~labels | (category == c)], labels[~labels | (category == c)])
+        for c in np.unique(category[labels])}
     if gp.ood_threshold is not None and labels.size:
         flagged = np.array(signals['gp_variance']) > gp.ood_threshold
         result['ood_flag_rate_known'] = _round(float(flagged[~labels].mean())) \
