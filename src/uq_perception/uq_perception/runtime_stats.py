@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 
 import numpy as np
@@ -9,6 +10,9 @@ import numpy as np
 
 class RollingStats:
     """Latency samples (per named stage) and event times over a sliding window.
+
+    Thread-safe: the detector node records from its executor and inference threads and
+    reads from its diagnostics timer.
 
     Parameters
     ----------
@@ -23,24 +27,36 @@ class RollingStats:
         self._latencies_ms: dict[str, deque[float]] = {}
         self._arrivals: deque[float] = deque()
         self._rate_window_s = rate_window_s
-        self.counters: dict[str, int] = {}
+        self._counters: dict[str, int] = {}
+        self._lock = threading.Lock()
 
     def record_arrival(self, now_s: float) -> None:
         """Note one input at monotonic time ``now_s`` (seconds)."""
-        self._arrivals.append(now_s)
-        while self._arrivals and now_s - self._arrivals[0] > self._rate_window_s:
-            self._arrivals.popleft()
+        with self._lock:
+            self._arrivals.append(now_s)
+            while self._arrivals and now_s - self._arrivals[0] > self._rate_window_s:
+                self._arrivals.popleft()
 
     def record_latency(self, latency_ms: float, stage: str = 'callback') -> None:
         """Add one latency sample (ms) of ``stage``."""
-        self._latencies_ms.setdefault(stage, deque(maxlen=self._window)).append(latency_ms)
+        with self._lock:
+            self._latencies_ms.setdefault(stage, deque(maxlen=self._window)).append(
+                latency_ms)
 
     def increment(self, counter: str, by: int = 1) -> None:
-        self.counters[counter] = self.counters.get(counter, 0) + by
+        with self._lock:
+            self._counters[counter] = self._counters.get(counter, 0) + by
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """A copy of the event counters."""
+        with self._lock:
+            return dict(self._counters)
 
     def rate_hz(self, now_s: float) -> float:
         """Inputs per second over the rate window ending at ``now_s``."""
-        recent = [t for t in self._arrivals if now_s - t <= self._rate_window_s]
+        with self._lock:
+            recent = [t for t in self._arrivals if now_s - t <= self._rate_window_s]
         if len(recent) < 2:
             return 0.0
         span = max(now_s - recent[0], recent[-1] - recent[0])
@@ -49,8 +65,9 @@ class RollingStats:
     def latency_percentiles(self, *percentiles: float, stage: str = 'callback'
                             ) -> list[float]:
         """Latency percentiles of ``stage`` in ms (NaN when there is no sample yet)."""
-        samples = self._latencies_ms.get(stage)
+        with self._lock:
+            samples = list(self._latencies_ms.get(stage, ()))
         if not samples:
             return [float('nan')] * len(percentiles)
-        values = np.percentile(np.fromiter(samples, dtype=float), percentiles)
+        values = np.percentile(np.asarray(samples, dtype=float), percentiles)
         return [float(v) for v in np.atleast_1d(values)]
