@@ -213,10 +213,10 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
     result['auroc_unknown'] = {name: _safe_auroc(np.array(v), labels)
                                for name, v in signals.items()}
     # Which unknown shapes the GP variance separates from the known objects, and which not.
-    variance, category = np.array(signals['gp_variance']), np.array(matched_category)
+    gp_variance, category = np.array(signals['gp_variance']), np.array(matched_category)
     result['auroc_unknown_gp_variance_per_class'] = {
         test_unknown.category_names[int(c)]: _safe_auroc(
-            variance[~labels | (category == c)], labels[~labels | (category == c)])
+            gp_variance[~labels | (category == c)], labels[~labels | (category == c)])
         for c in np.unique(category[labels])}
     if gp.ood_threshold is not None and labels.size:
         flagged = np.array(signals['gp_variance']) > gp.ood_threshold
