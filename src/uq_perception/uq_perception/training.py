@@ -79,7 +79,7 @@ class TrainConfig:
         slower here; one thread also leaves a core to the rest of the system.
     """
 
-    epochs: int = 20
+    epochs: int = 40
     batch_size: int = 16
     learning_rate: float = 3e-3
     weight_decay: float = 1e-4
