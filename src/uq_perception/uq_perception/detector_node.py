@@ -23,9 +23,10 @@ next arrives is dropped and counted) for a dedicated inference thread, which con
 infers and publishes. The executor thread therefore stays free for parameters, lifecycle
 services and diagnostics whatever inference costs, which is why DESIGN.md asks for a
 multi-threaded executor with an inference callback group. The executor is single-threaded
-because rclpy's MultiThreadedExecutor (Jazzy) took 8-9 ms from a frame's DDS reception to
-the start of its callback, against under 1 ms for the SingleThreadedExecutor, measured in
-one process on the same machine: most of a 10 ms forward pass again.
+because rclpy's MultiThreadedExecutor (Jazzy) delays callbacks when the CPU is busy: from a
+frame's DDS reception to the start of its callback it took 8-9 ms against 0.7-1.0 ms for
+the SingleThreadedExecutor with both cores loaded by other work (1.1-1.3 vs 0.9-1.0 ms
+on the idle machine), measured in one process with a 320x240 image subscription.
 """
 
 from __future__ import annotations
