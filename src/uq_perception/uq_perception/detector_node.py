@@ -263,6 +263,8 @@ class DetectorNode(LifecycleNode):
 
     def _inference_loop(self, mailbox: LatestFrameMailbox[tuple[Image, float]]) -> None:
         while (frame := mailbox.take()) is not None:
+            # Time the frame waited for this thread after its callback (the hand-off).
+            self._stats.record_latency((time.monotonic() - frame[1]) * 1e3, 'queue')
             try:
                 self._process(*frame)
             except Exception as exc:
@@ -324,6 +326,7 @@ class DetectorNode(LifecycleNode):
         p50, p99 = self._stats.latency_percentiles(50, 99)
         transport_p50, = self._stats.latency_percentiles(50, stage='transport')
         dispatch_p50, = self._stats.latency_percentiles(50, stage='dispatch')
+        queue_p50, = self._stats.latency_percentiles(50, stage='queue')
         counters = self._stats.counters
         level, message = DiagnosticStatus.OK, 'processing images'
         if self._last_arrival is None or now - self._last_arrival > \
@@ -336,6 +339,7 @@ class DetectorNode(LifecycleNode):
             'input_rate_hz': f'{self._stats.rate_hz(now):.2f}',
             'latency_p50_ms': f'{p50:.2f}', 'latency_p99_ms': f'{p99:.2f}',
             'transport_p50_ms': f'{transport_p50:.2f}', 'dispatch_p50_ms': f'{dispatch_p50:.2f}',
+            'queue_p50_ms': f'{queue_p50:.2f}',
             'frames_processed': str(counters.get('processed', 0)),
             'frames_dropped': str(counters.get('dropped', 0)),
             'frames_rejected': str(counters.get('rejected', 0)),

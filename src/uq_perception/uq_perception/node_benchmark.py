@@ -106,8 +106,9 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int) -> dict:
     latencies: dict[tuple[int, int], float] = {}
     inference_ms: list[float] = []
     # The node's own figures split the end-to-end latency: image transport (DDS source ->
-    # reception stamps), waiting for the executor (reception -> callback), the callback
-    # (-> DetectionArray published); the rest is the answer's way back to this process.
+    # reception stamps), waiting for the executor (reception -> callback), waiting for the
+    # inference thread (callback -> taken), callback -> DetectionArray published; the rest
+    # is the answer's way back to this process.
     node_report: dict[str, str] = {}
 
     def on_detections(msg: DetectionArray) -> None:
@@ -193,10 +194,11 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int) -> dict:
         'latency_p99_ms': float(np.percentile(ordered, 99)),
         'latency_trend': _latency_trend(ordered),
         'node_inference_p50_ms': float(np.percentile(inference_ms, 50)),
-        'node_callback_p50_ms': float(node_report.get('latency_p50_ms', 'nan')),
-        'node_callback_p99_ms': float(node_report.get('latency_p99_ms', 'nan')),
+        'node_latency_p50_ms': float(node_report.get('latency_p50_ms', 'nan')),
+        'node_latency_p99_ms': float(node_report.get('latency_p99_ms', 'nan')),
         'node_transport_p50_ms': float(node_report.get('transport_p50_ms', 'nan')),
         'node_dispatch_p50_ms': float(node_report.get('dispatch_p50_ms', 'nan')),
+        'node_queue_p50_ms': float(node_report.get('queue_p50_ms', 'nan')),
         'node_frames_dropped': int(node_report.get('frames_dropped', -1)),
     }
 

@@ -37,7 +37,7 @@ class RollingStats:
             while self._arrivals and now_s - self._arrivals[0] > self._rate_window_s:
                 self._arrivals.popleft()
 
-    def record_latency(self, latency_ms: float, stage: str = 'callback') -> None:
+    def record_latency(self, latency_ms: float, stage: str = 'frame') -> None:
         """Add one latency sample (ms) of ``stage``."""
         with self._lock:
             self._latencies_ms.setdefault(stage, deque(maxlen=self._window)).append(
@@ -62,7 +62,7 @@ class RollingStats:
         span = max(now_s - recent[0], recent[-1] - recent[0])
         return (len(recent) - 1) / span if span > 0 else 0.0
 
-    def latency_percentiles(self, *percentiles: float, stage: str = 'callback'
+    def latency_percentiles(self, *percentiles: float, stage: str = 'frame'
                             ) -> list[float]:
         """Latency percentiles of ``stage`` in ms (NaN when there is no sample yet)."""
         with self._lock:
