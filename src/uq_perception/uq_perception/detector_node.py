@@ -257,7 +257,9 @@ class DetectorNode(LifecycleNode):
         self._last_arrival = arrival
         self._count_dropped(info.get('publication_sequence_number'))
         self._record_delivery(info, time.time_ns())
-        if self._mailbox is not None and self._mailbox.put((msg, arrival)):
+        # Read once: with a multi-threaded executor, deactivation may clear it meanwhile.
+        mailbox = self._mailbox
+        if mailbox is not None and mailbox.put((msg, arrival)):
             # The previous frame was still waiting for the inference thread.
             self._stats.increment('dropped')
 
