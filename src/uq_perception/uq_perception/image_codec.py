@@ -32,18 +32,21 @@ class Encoding(str, Enum):
 class _Layout:
     channels: int
     dtype: np.dtype
-    # Index order that turns the stored channels into RGB.
-    to_rgb: tuple[int, ...]
+    # Slice of the stored channels that reads them in RGB order; None for one grey channel.
+    # A slice keeps the conversion a view plus one copy: a fancy index on the channel axis
+    # made converting a 320x240 rgb8 frame about ten times slower.
+    to_rgb: slice | None
 
 
+_RGB, _BGR = slice(0, 3), slice(2, None, -1)
 _LAYOUTS = {
-    Encoding.RGB8: _Layout(3, np.dtype(np.uint8), (0, 1, 2)),
-    Encoding.BGR8: _Layout(3, np.dtype(np.uint8), (2, 1, 0)),
-    Encoding.RGBA8: _Layout(4, np.dtype(np.uint8), (0, 1, 2)),
-    Encoding.BGRA8: _Layout(4, np.dtype(np.uint8), (2, 1, 0)),
-    Encoding.MONO8: _Layout(1, np.dtype(np.uint8), (0, 0, 0)),
-    Encoding.TYPE_32FC1: _Layout(1, np.dtype(np.float32), (0, 0, 0)),
-    Encoding.TYPE_32FC3: _Layout(3, np.dtype(np.float32), (0, 1, 2)),
+    Encoding.RGB8: _Layout(3, np.dtype(np.uint8), _RGB),
+    Encoding.BGR8: _Layout(3, np.dtype(np.uint8), _BGR),
+    Encoding.RGBA8: _Layout(4, np.dtype(np.uint8), _RGB),
+    Encoding.BGRA8: _Layout(4, np.dtype(np.uint8), _BGR),
+    Encoding.MONO8: _Layout(1, np.dtype(np.uint8), None),
+    Encoding.TYPE_32FC1: _Layout(1, np.dtype(np.float32), None),
+    Encoding.TYPE_32FC3: _Layout(3, np.dtype(np.float32), _RGB),
 }
 
 SUPPORTED_ENCODINGS = tuple(e.value for e in Encoding)
@@ -106,7 +109,9 @@ def image_to_rgb(height: int, width: int, encoding: str, step: int, data: bytes 
             bad = int((~np.isfinite(pixels)).sum())
             raise ImageFormatError(f'float image has {bad} non-finite (NaN/inf) values')
         pixels = np.clip(pixels.astype(np.float32) * 255.0 + 0.5, 0, 255).astype(np.uint8)
-    return np.ascontiguousarray(pixels[:, :, list(layout.to_rgb)])
+    if layout.to_rgb is None:
+        return np.array(np.broadcast_to(pixels, (height, width, 3)), order='C')
+    return np.array(pixels[:, :, layout.to_rgb], order='C')
 
 
 def rgb_to_image_fields(rgb: np.ndarray) -> dict:
