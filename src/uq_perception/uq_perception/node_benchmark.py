@@ -133,7 +133,8 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int) -> dict:
             if status.name.endswith('uncertainty detector'):
                 node_report.update((kv.key, kv.value) for kv in status.values)
 
-    node.create_subscription(DetectionArray, 'detections', on_detections,
+    # rclpy passes the message info to a two-argument callback; its annotation omits that.
+    node.create_subscription(DetectionArray, 'detections', on_detections,  # type: ignore[arg-type]
                              QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
     node.create_subscription(DiagnosticArray, '/diagnostics', on_diagnostics,
                              QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
