@@ -151,6 +151,7 @@ def test_detect_rejects_bad_images(image):
 @pytest.mark.parametrize('kwargs', [
     {'input_size': (30, 48)}, {'class_names': ['a', 'a']}, {'class_names': []},
     {'embedding_dim': 0}, {'channels': (4, 8, 8)}, {'max_candidates': 0},
+    {'embedding_activation': 'tanh'},
 ])
 def test_constructor_rejects_bad_configuration(kwargs):
     with pytest.raises(ValueError):
@@ -193,6 +194,29 @@ def test_save_load_round_trip(tmp_path):
                                rtol=1e-4, atol=1e-5)
     unfolded = load_detector(path, fold_batchnorm=False)
     torch.testing.assert_close(unfolded(images)['logits'], model(images)['logits'])
+
+
+@pytest.mark.parametrize('activation', ['relu', 'leaky_relu'])
+def test_embedding_activation_round_trips(tmp_path, activation):
+    model = _tiny_model(embedding_activation=activation)
+    save_detector(model, tmp_path / 'detector.pt', model_id='tiny-act')
+    loaded = load_detector(tmp_path / 'detector.pt', fold_batchnorm=False)
+    assert loaded.embedding_activation == activation
+    images = torch.rand(1, 3, 32, 48)
+    torch.testing.assert_close(loaded(images)['embeddings'], model(images)['embeddings'])
+
+
+def test_files_without_an_activation_entry_load_with_relu(tmp_path):
+    # Detectors saved before the activation was configurable used ReLU in the embedding MLP.
+    model = _tiny_model(embedding_activation='relu')
+    save_detector(model, tmp_path / 'detector.pt', model_id='tiny-old')
+    payload = torch.load(tmp_path / 'detector.pt', weights_only=True)
+    del payload['config']['embedding_activation']
+    torch.save(payload, tmp_path / 'detector.pt')
+    loaded = load_detector(tmp_path / 'detector.pt', fold_batchnorm=False)
+    assert isinstance(loaded.embedding_mlp[1], torch.nn.ReLU)
+    images = torch.rand(1, 3, 32, 48)
+    torch.testing.assert_close(loaded(images)['embeddings'], model(images)['embeddings'])
 
 
 def test_save_rejects_folded_model_and_empty_id(tmp_path):

@@ -34,7 +34,7 @@ import numpy as np
 SPLITS: tuple[str, ...] = ('train', 'val', 'test', 'test_unknown')
 DEFAULT_FRACTIONS: dict[str, float] = {'train': 0.7, 'val': 0.1, 'test': 0.1,
                                        'test_unknown': 0.1}
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 _MAX_ATTEMPTS = 20
 
 

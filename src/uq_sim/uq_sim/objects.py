@@ -27,7 +27,8 @@ from uq_sim.geometry import mat_to_quat, rot_x, rot_y, rot_z
 
 KNOWN_CLASSES: tuple[str, ...] = ('box', 'sphere', 'cylinder', 'capsule', 'ellipsoid', 'mug')
 UNKNOWN_CLASSES: tuple[str, ...] = ('torus', 'cone', 'tetrahedron', 'dumbbell', 'star')
-AUXILIARY_CLASSES: tuple[str, ...] = ('rock', 'block_stack', 'slab', 'sticks')
+AUXILIARY_CLASSES: tuple[str, ...] = ('rock', 'block_stack', 'slab', 'sticks', 'pile', 'arch',
+                                      'stool')
 ALL_CLASSES: tuple[str, ...] = KNOWN_CLASSES + UNKNOWN_CLASSES + AUXILIARY_CLASSES
 
 
@@ -479,6 +480,43 @@ def _auxiliary_shape(class_name: str, rng: np.random.Generator) -> tuple[GeomSpe
             end = np.array([half * math.cos(a), half * math.sin(a), 0.0])
             centre = np.array([shift[0], shift[1], z])
             geoms.append(_capsule_between(centre - end, centre + end, r))
+        return tuple(geoms)
+    if class_name == 'pile':
+        # A heap of three to five small mixed primitives, touching or overlapping.
+        geoms = []
+        for _ in range(int(rng.integers(3, 6))):
+            kind = rng.integers(3)
+            scale = _u(rng, 0.012, 0.024)
+            xy = rng.uniform(-0.03, 0.03, 2)
+            if kind == 0:
+                size = tuple(scale * rng.uniform(0.6, 1.4, 3))
+                geoms.append(GeomSpec(GeomType.BOX, size, (xy[0], xy[1], size[2]),
+                                      rot_z(_u(rng, 0.0, math.pi))))
+            elif kind == 1:
+                geoms.append(GeomSpec(GeomType.SPHERE, (scale,), (xy[0], xy[1], scale)))
+            else:
+                end = np.array([1.5 * scale, 0.0, 0.0]) @ rot_z(_u(rng, 0.0, math.pi)).T
+                centre = np.array([xy[0], xy[1], 0.6 * scale])
+                geoms.append(_capsule_between(centre - end, centre + end, 0.6 * scale))
+        return tuple(geoms)
+    if class_name == 'arch':
+        # Two posts bridged by a lintel.
+        post = (_u(rng, 0.006, 0.014), _u(rng, 0.01, 0.03), _u(rng, 0.015, 0.035))
+        span = _u(rng, 0.02, 0.045)
+        lintel = (span + post[0] + _u(rng, 0.0, 0.012), post[1], _u(rng, 0.006, 0.014))
+        return (GeomSpec(GeomType.BOX, post, (-span, 0.0, post[2])),
+                GeomSpec(GeomType.BOX, post, (span, 0.0, post[2])),
+                GeomSpec(GeomType.BOX, lintel, (0.0, 0.0, 2 * post[2] + lintel[2])))
+    if class_name == 'stool':
+        # A flat top on three or four thin legs.
+        top = (_u(rng, 0.025, 0.05), _u(rng, 0.025, 0.05), _u(rng, 0.004, 0.01))
+        leg_r, leg_h = _u(rng, 0.003, 0.007), _u(rng, 0.012, 0.035)
+        legs = ((-1, -1), (-1, 1), (1, -1), (1, 1)) if rng.random() < 0.5 else \
+            ((-1, -1), (1, -1), (0, 1))
+        geoms = [GeomSpec(GeomType.BOX, top, (0.0, 0.0, 2 * leg_h + top[2]))]
+        for sx, sy in legs:
+            geoms.append(GeomSpec(GeomType.CYLINDER, (leg_r, leg_h),
+                                  (0.8 * sx * top[0], 0.8 * sy * top[1], leg_h)))
         return tuple(geoms)
     raise ValueError(f'unknown auxiliary class {class_name!r}; expected one of '
                      f'{AUXILIARY_CLASSES}')
