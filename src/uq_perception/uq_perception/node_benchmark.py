@@ -5,9 +5,11 @@ benchmark node in this process publishes 320x240 frames at a fixed rate over rea
 receives the ``DetectionArray`` answers, matched by stamp. A frame's latency runs from just
 before its publish call to the DDS reception stamp of its answer in this process (system
 clock); how long this harness's own executor then takes to run the callback is reported
-apart, since it is not the node's. In the same run, the same model and frames are timed
-through the bare backend call (preprocess + forward + decode), so the node overhead is a
-ratio of two figures measured side by side on the same machine.
+apart, since it is not the node's. In the same run, once a frame's answer is in, the same
+model in this process runs the bare backend call (preprocess + forward + decode) on the
+same frame in what is left of its period, so the node overhead is a ratio of two figures
+measured side by side, frame by frame: timed in two separate phases, the forward p50 drifted
+by up to 1 ms (7 %) between phases on this machine, as much as the overhead itself.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -56,14 +59,8 @@ def _frames(count: int, height: int = 240, width: int = 320) -> list[np.ndarray]
     return frames
 
 
-def _bare_forward_ms(model_path: str, frames: list[np.ndarray], repeats: int,
-                     threads: int, rate_hz: float) -> list[float]:
-    """Forward times of the bare backend, one frame per period as the node gets them.
-
-    Paced, not back to back: a CPU forward pass right after the previous one finds warm
-    caches and recycled memory, and was 20-40 % faster here than the same pass at 15 Hz,
-    which would bill that difference to the node. The allocator setting is the node's.
-    """
+def _bare_backend(model_path: str, threads: int, warmup_frames: list[np.ndarray]) -> Any:
+    """The node's CPU backend in this process, warmed up; the allocator setting is the node's."""
     import torch
 
     from uq_perception.backends import TorchBackend
@@ -73,18 +70,9 @@ def _bare_forward_ms(model_path: str, frames: list[np.ndarray], repeats: int,
     torch.set_num_threads(threads)
     retain_freed_memory()
     backend = TorchBackend(load_detector(model_path))
-    for frame in frames[:5]:
+    for frame in warmup_frames:
         backend.infer(frame, 0.3, 20)
-    period = 1.0 / rate_hz
-    times = []
-    next_start = time.perf_counter()
-    for i in range(repeats):
-        time.sleep(max(0.0, next_start - time.perf_counter()))
-        next_start += period
-        start = time.perf_counter()
-        backend.infer(frames[i % len(frames)], 0.3, 20)
-        times.append((time.perf_counter() - start) * 1e3)
-    return times
+    return backend
 
 
 def _latency_trend(latencies_ms: np.ndarray) -> float:
@@ -93,7 +81,7 @@ def _latency_trend(latencies_ms: np.ndarray) -> float:
     return float(np.median(latencies_ms[-third:]) / np.median(latencies_ms[:third]))
 
 
-def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int) -> dict:
+def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int, backend: Any) -> dict:
     from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.executors import SingleThreadedExecutor
     from rclpy.node import Node
@@ -113,6 +101,8 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int) -> dict:
     latencies: dict[tuple[int, int], float] = {}
     harness_dispatch: list[float] = []
     inference_ms: list[float] = []
+    forward_ms: list[float] = []
+    answered = threading.Event()
     # The node's own figures split the end-to-end latency: image transport (DDS source ->
     # reception stamps), waiting for the executor (reception -> callback), waiting for the
     # inference thread (callback -> taken), callback -> DetectionArray published; the rest
@@ -127,6 +117,7 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int) -> dict:
             latencies[key] = (received - sent[key]) * 1e-6
             harness_dispatch.append((callback_start - received) * 1e-6)
             inference_ms.append(msg.inference_time_ms)
+            answered.set()
 
     def on_diagnostics(msg: DiagnosticArray) -> None:
         for status in msg.status:
@@ -173,8 +164,18 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int) -> dict:
                 msg = Image(**fields[i % len(fields)])
                 msg.header.stamp.sec, msg.header.stamp.nanosec = 1 + i, 0
                 time.sleep(max(0.0, start + i * period - time.perf_counter()))
+                answered.clear()
                 sent[(1 + i, 0)] = time.time_ns()
                 publisher.publish(msg)
+                # Once the node has answered, the bare forward on the same frame, when it
+                # fits well before the next frame is due (it must never delay the node's).
+                next_due = start + (i + 1) * period
+                budget = 2e-3 * forward_ms[-1] if forward_ms else period / 2
+                if answered.wait(max(0.0, next_due - time.perf_counter() - budget)) and \
+                        (1 + i, 0) in latencies and next_due - time.perf_counter() > budget:
+                    begin = time.perf_counter()
+                    backend.infer(frames[i % len(frames)], 0.3, 20)
+                    forward_ms.append((time.perf_counter() - begin) * 1e3)
             timing['elapsed'] = time.perf_counter() - start
             drain = time.perf_counter() + 2.0
             while time.perf_counter() < drain and len(latencies) < len(sent):
@@ -197,13 +198,18 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int) -> dict:
     executor.shutdown()
     node.destroy_node()
     ordered = np.array([latencies[k] for k in sorted(latencies)])
+    if not forward_ms:
+        raise RuntimeError(f'no period at {rate_hz} Hz left room for the bare forward pass; '
+                           'use a lower --rate')
+    forward_p50 = float(np.percentile(forward_ms, 50))
+    latency_p50 = float(np.percentile(ordered, 50))
     return {
         'rate_hz_requested': rate_hz,
         'rate_hz_published': count / elapsed,
         'rate_hz_answered': len(ordered) / elapsed,
         'frames_sent': count,
         'frames_answered': len(ordered),
-        'latency_p50_ms': float(np.percentile(ordered, 50)),
+        'latency_p50_ms': latency_p50,
         'latency_p99_ms': float(np.percentile(ordered, 99)),
         'latency_trend': _latency_trend(ordered),
         'harness_dispatch_p50_ms': float(np.percentile(harness_dispatch, 50)),
@@ -214,6 +220,11 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int) -> dict:
         'node_dispatch_p50_ms': float(node_report.get('dispatch_p50_ms', 'nan')),
         'node_queue_p50_ms': float(node_report.get('queue_p50_ms', 'nan')),
         'node_frames_dropped': int(node_report.get('frames_dropped', -1)),
+        'forward_p50_ms': forward_p50,
+        'forward_p99_ms': float(np.percentile(forward_ms, 99)),
+        'forward_samples': len(forward_ms),
+        'latency_over_forward': latency_p50 / forward_p50,
+        'node_overhead_ratio': (latency_p50 - forward_p50) / forward_p50,
     }
 
 
@@ -227,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
     env = os.environ | {'ROS_DOMAIN_ID': str(args.domain_id)}
     os.environ['ROS_DOMAIN_ID'] = str(args.domain_id)
     frames = _frames(args.frames)
+    backend = _bare_backend(args.model, args.threads, frames[:5])
     node_process = subprocess.Popen(
         [sys.executable, '-m', 'uq_perception.detector_node', '--ros-args',
          '-p', 'autostart:=true', '-p', f'model_path:={args.model}',
@@ -236,15 +248,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         for rate in args.rate or [15.0]:
             print(f'[bench node] {args.frames} frames at {rate} Hz ...', file=sys.stderr)
-            result = _run_rate(rate, frames, args.frames)
-            forward = np.array(_bare_forward_ms(args.model, frames, args.frames, args.threads,
-                                                rate))
-            forward_p50 = float(np.percentile(forward, 50))
+            result = _run_rate(rate, frames, args.frames, backend)
             result |= {
-                'forward_p50_ms': forward_p50,
-                'forward_p99_ms': float(np.percentile(forward, 99)),
-                'latency_over_forward': result['latency_p50_ms'] / forward_p50,
-                'node_overhead_ratio': (result['latency_p50_ms'] - forward_p50) / forward_p50,
                 'sustained': bool(result['frames_answered'] >= 0.95 * result['frames_sent']
                                   and result['latency_trend'] < 1.5),
                 'image_size': '320x240',
