@@ -3,7 +3,8 @@
 The node runs in this process on its own multi-threaded executor thread; the test talks to
 it only through topics and services, as any other ROS node would. A small randomly
 initialised detector (with a GP fitted to its embeddings) keeps the test fast; the shipped
-model is exercised by the simulation tests.
+model is exercised by the simulation tests. ``uq bench node`` runs as a user runs it, with
+the node in its own process.
 """
 
 from __future__ import annotations

@@ -22,9 +22,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from uq_perception.backends import TorchBackend
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +62,8 @@ def _frames(count: int, height: int = 240, width: int = 320) -> list[np.ndarray]
     return frames
 
 
-def _bare_backend(model_path: str, threads: int, warmup_frames: list[np.ndarray]) -> Any:
+def _bare_backend(model_path: str, threads: int, warmup_frames: list[np.ndarray]
+                  ) -> TorchBackend:
     """The node's CPU backend in this process, warmed up; the allocator setting is the node's."""
     import torch
 
@@ -81,7 +85,8 @@ def _latency_trend(latencies_ms: np.ndarray) -> float:
     return float(np.median(latencies_ms[-third:]) / np.median(latencies_ms[:third]))
 
 
-def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int, backend: Any) -> dict:
+def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int,
+              backend: TorchBackend) -> dict:
     from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.executors import SingleThreadedExecutor
     from rclpy.node import Node
