@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -137,15 +138,19 @@ class Harness:
         return any(d.header.stamp == msg.header.stamp for d in self.detections)
 
 
-@pytest.fixture
-def harness(ros_context, model_files):
-    detector = DetectorNode(context=ros_context, parameter_overrides=[
+def _detector(context, model_files: Path, **kwargs) -> DetectorNode:
+    return DetectorNode(context=context, parameter_overrides=[
         Parameter('model_path', value=str(model_files / 'detector.pt')),
         Parameter('gp_path', value=str(model_files / 'detector_gp.npz')),
         Parameter('score_threshold', value=0.0),
         Parameter('max_detections', value=5),
         Parameter('diagnostics_period', value=0.2),
-    ])
+    ], **kwargs)
+
+
+@pytest.fixture
+def harness(ros_context, model_files):
+    detector = _detector(ros_context, model_files)
     h = Harness(ros_context, detector)
     try:
         yield h
@@ -192,11 +197,10 @@ def test_rendered_frame_in_detection_array_out_with_image_stamp(harness):
     def latency_split_reported() -> bool:
         values = {kv.key: float(kv.value) for d in harness.diagnostics[-1:]
                   for s in d.status for kv in s.values if kv.key.endswith('_p50_ms')}
-        return set(values) == {'latency_p50_ms', 'transport_p50_ms', 'dispatch_p50_ms',
-                               'queue_p50_ms'} and all(v >= 0.0 for v in values.values())
+        return set(values) == {'latency_p50_ms', 'transport_p50_ms', 'dispatch_p50_ms'} \
+            and all(v >= 0.0 for v in values.values())
 
-    # Node latency, DDS transport, executor dispatch and the hand-off to the inference
-    # thread: all measured, none negative.
+    # Node latency, DDS transport and executor dispatch: all measured, none negative.
     assert harness.wait_for(latency_split_reported), harness.diagnostics[-1:]
 
 
@@ -227,6 +231,26 @@ def test_lifecycle_cycles_publish_only_while_active(harness):
 def test_qos_compatible_with_best_effort_and_reliable_publishers(harness, publisher_name):
     _activate(harness)
     assert harness.send_until_answered(getattr(harness, publisher_name), harness.image())
+
+
+def test_image_remapping_reaches_the_private_input_node(ros_context, model_files):
+    # Images are taken by a private `<name>_image_input` node on its own thread; the
+    # detector's remappings must still decide which topic that is.
+    detector = _detector(ros_context, model_files,
+                         cli_args=['--ros-args', '-r', 'image:=camera/image_raw'])
+    h = Harness(ros_context, detector)
+    try:
+        _activate(h)
+        camera = h.node.create_publisher(
+            Image, 'camera/image_raw', QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE))
+        assert h.send_until_answered(camera, h.image())
+        assert 'detector_node_image_input' in h.node.get_node_names()
+        assert h.node.count_subscribers('image') == 0
+        assert h.transition(Transition.TRANSITION_DEACTIVATE)
+        assert h.wait_for(lambda: h.node.count_subscribers('camera/image_raw') == 0)
+    finally:
+        h.close()
+        detector.destroy_node()
 
 
 MALFORMED = {
@@ -332,7 +356,7 @@ def test_bench_node_prints_a_json_report(model_files):
     assert 0 < report['node_latency_p50_ms'] <= report['latency_p99_ms']
     assert report['harness_dispatch_p50_ms'] >= 0
     # The bare forward runs in the harness between the node's frames, on the same frames.
-    assert 1 <= report['forward_samples'] <= report['frames_answered']
+    assert report['frames_answered'] / 2 <= report['forward_samples'] <= report['frames_answered']
     assert report['forward_p99_ms'] >= report['forward_p50_ms'] > 0
     assert report['node_overhead_ratio'] == pytest.approx(
         (report['latency_p50_ms'] - report['forward_p50_ms']) / report['forward_p50_ms'])

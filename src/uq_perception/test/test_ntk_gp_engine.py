@@ -384,6 +384,19 @@ def test_entropy_decomposition_invariants(classes, rows, logit_scale, variance_s
     np.testing.assert_allclose(total - expected, mutual, atol=1e-9)
 
 
+@pytest.mark.parametrize('temperature', [1.0, 1.7])
+def test_zero_probit_lambda_shortcut_matches_the_sampled_decomposition(temperature):
+    # lambda = 0 skips the draws; a lambda too small to move any draw must agree with it.
+    rng = np.random.default_rng(5)
+    mean, variance = 4 * rng.standard_normal((7, 5)), rng.random((7, 1))
+    draws = antithetic_normal_draws(32, 5, seed=0)
+    exact = summarise_gaussian_logits(mean, variance, draws, 0.0, temperature)
+    sampled = summarise_gaussian_logits(mean, variance, draws, 1e-30, temperature)
+    for a, b in zip(exact, sampled, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-12)
+    assert not exact[3].any()
+
+
 def test_flipped_bit_in_saved_state_is_detected(tmp_path):
     rng = np.random.default_rng(3)
     features = rng.normal(size=(200, 8))

@@ -17,16 +17,24 @@ Topics (relative names, remap as usual):
 - ``markers`` (visualization_msgs/MarkerArray, out).
 - ``/diagnostics`` (diagnostic_msgs/DiagnosticArray, out) at ``diagnostics_period``.
 
-Threads: the image callback only leaves the frame in a one-slot mailbox
-(:class:`uq_perception.frame_mailbox.LatestFrameMailbox`; a frame still waiting when the
-next arrives is dropped and counted) for a dedicated inference thread, which converts,
-infers and publishes. The executor thread therefore stays free for parameters, lifecycle
-services and diagnostics whatever inference costs, which is why DESIGN.md asks for a
-multi-threaded executor with an inference callback group. The executor is single-threaded
-because rclpy's MultiThreadedExecutor (Jazzy) delays callbacks when the CPU is busy: from a
-frame's DDS reception to the start of its callback it took 8-9 ms against 0.7-1.0 ms for
-the SingleThreadedExecutor with both cores loaded by other work (1.1-1.3 vs 0.9-1.0 ms
-on the idle machine), measured in one process with a 320x240 image subscription.
+Threads: the image subscription lives on a private input node,
+``<name>_image_input`` in the same namespace (:class:`ImageInputThread`), spun by its own
+single-threaded executor on a dedicated thread, and its callback converts, infers and
+publishes there. The detector's executor thread therefore stays free for parameters,
+lifecycle services and diagnostics whatever inference costs, which is why DESIGN.md asks
+for inference in its own callback group on a multi-threaded executor; a frame that arrives
+while one is being processed waits in the depth-1 DDS queue, where a newer one replaces it
+(counted as dropped from the publisher's sequence numbers). Two measured reasons for not
+using rclpy's MultiThreadedExecutor (Jazzy), nor a hand-off queue between the executor and
+an inference thread:
+
+- the MultiThreadedExecutor delays callbacks when the CPU is busy: from a frame's DDS
+  reception to the start of its callback it took 8-9 ms against 0.7-1.0 ms for the
+  SingleThreadedExecutor with both cores loaded by other work (1.1-1.3 vs 0.9-1.0 ms idle),
+  measured in one process with a 320x240 image subscription;
+- a hand-off from the detector's executor to an inference thread cost 0.5-0.6 ms per frame
+  (`uq bench node`, idle): the inference thread had to wait for the executor to get back to
+  its wait set, which on a lifecycle node with a dozen services takes that long in Python.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import argparse
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +52,8 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+from rclpy.node import Node
+from rclpy.parameter import Parameter
 from rclpy.qos import (
     DurabilityPolicy,
     HistoryPolicy,
@@ -56,7 +67,6 @@ from visualization_msgs.msg import MarkerArray
 
 from uq_msgs.msg import DetectionArray
 from uq_perception.backends import BackendKind
-from uq_perception.frame_mailbox import LatestFrameMailbox
 from uq_perception.image_codec import ImageFormatError, image_to_rgb, rgb_to_image_fields
 from uq_perception.messages import detection_array_message, marker_array_message
 from uq_perception.parameters import ParameterSpec, declare_parameters, first_invalid
@@ -104,6 +114,59 @@ _IMAGE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
                         durability=DurabilityPolicy.VOLATILE)
 
 
+class ImageInputThread:
+    """An image subscription whose callback runs on a thread and executor of its own.
+
+    The subscription belongs to a private node, ``<owner>_image_input`` in the owner's
+    namespace, created without the global ROS arguments (a ``__node:=`` remapping would
+    otherwise give it the owner's name); it subscribes to the topic the owner resolves
+    ``topic`` to, so the owner's remappings apply.
+
+    Parameters
+    ----------
+    owner
+        The node the images are for.
+    topic
+        Image topic name, relative to the owner.
+    callback
+        Called with each ``Image`` and its message info, on this object's thread.
+    """
+
+    def __init__(self, owner: Node, topic: str,
+                 callback: Callable[[Image, dict], None]) -> None:
+        self._node = rclpy.create_node(
+            f'{owner.get_name()}_image_input', namespace=owner.get_namespace(),
+            context=owner.context, use_global_arguments=False, enable_rosout=False,
+            start_parameter_services=False,
+            parameter_overrides=[Parameter('start_type_description_service', value=False)])
+        # rclpy passes the message info to a two-argument callback; its annotation omits it.
+        self._node.create_subscription(Image, owner.resolve_topic_name(topic),
+                                       callback, _IMAGE_QOS)  # type: ignore[arg-type]
+        self._stopping = False
+        # Triggered by stop() to wake the executor out of its wait.
+        self._wake = self._node.create_guard_condition(lambda: None)
+        self._executor = SingleThreadedExecutor(context=owner.context)
+        self._executor.add_node(self._node)
+        self._thread = threading.Thread(target=self._spin, name=f'{owner.get_name()}_images',
+                                        daemon=True)
+        self._thread.start()
+
+    def _spin(self) -> None:
+        try:
+            while not self._stopping:
+                self._executor.spin_once()
+        except ExternalShutdownException:
+            pass  # the process is shutting down; stop() still releases the node
+
+    def stop(self) -> None:
+        """Let the callback in progress finish, then stop the thread and free the node."""
+        self._stopping = True
+        self._wake.trigger()
+        self._thread.join()
+        self._executor.shutdown()
+        self._node.destroy_node()
+
+
 class DetectorNode(LifecycleNode):
     """Lifecycle node publishing ``uq_msgs/DetectionArray`` with NTK-GP uncertainty."""
 
@@ -115,11 +178,9 @@ class DetectorNode(LifecycleNode):
         self._model_id = ''
         self._device = ''
         self._outputs: dict[str, Any] = {}
-        self._image_sub: Any = None
+        self._image_input: ImageInputThread | None = None
         self._info_sub: Any = None
         self._diagnostics_timer: Any = None
-        self._mailbox: LatestFrameMailbox[tuple[Image, float]] | None = None
-        self._inference_thread: threading.Thread | None = None
         self._reset_stats()
         if self._params['autostart']:
             self._autostart_timer = self.create_timer(0.0, self._autostart)
@@ -153,12 +214,7 @@ class DetectorNode(LifecycleNode):
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._reset_stats()
-        self._mailbox = LatestFrameMailbox()
-        self._inference_thread = threading.Thread(
-            target=self._inference_loop, args=(self._mailbox,), name='detector_inference',
-            daemon=True)
-        self._inference_thread.start()
-        self._image_sub = self.create_subscription(Image, 'image', self._on_image, _IMAGE_QOS)
+        self._image_input = ImageInputThread(self, 'image', self._on_image)
         self._info_sub = self.create_subscription(
             CameraInfo, 'camera_info', self._on_camera_info, qos_profile_sensor_data)
         self._diagnostics_timer = self.create_timer(
@@ -188,17 +244,12 @@ class DetectorNode(LifecycleNode):
         super().destroy_node()
 
     def _stop_io(self) -> None:
-        if self._image_sub is not None:
-            self.destroy_subscription(self._image_sub)
+        if self._image_input is not None:
+            # The frame in progress is finished (and published while still active).
+            self._image_input.stop()
             self.destroy_subscription(self._info_sub)
             self.destroy_timer(self._diagnostics_timer)
-            self._image_sub = self._info_sub = self._diagnostics_timer = None
-        if self._inference_thread is not None:
-            # The frame in progress is finished (and published while still active); a
-            # waiting one is discarded.
-            self._mailbox.close()
-            self._inference_thread.join()
-            self._mailbox = self._inference_thread = None
+            self._image_input = self._info_sub = self._diagnostics_timer = None
 
     def _load_perception(self) -> Any:
         # Heavy imports here, so `--help` and parameter errors answer without torch.
@@ -252,28 +303,19 @@ class DetectorNode(LifecycleNode):
         self._camera_info_size = (msg.height, msg.width)
 
     def _on_image(self, msg: Image, info: dict) -> None:
-        arrival = time.monotonic()
+        arrival, callback_start_ns = time.monotonic(), time.time_ns()
+        try:
+            self._process(msg, arrival)
+        except Exception as exc:
+            # Anything unforeseen must not end the thread silently and stop the node.
+            self._stats.increment('errors')
+            self._last_problem = f'frame processing failed: {exc!r}'
+            self.get_logger().error(self._last_problem, throttle_duration_sec=1.0)
+        # Bookkeeping once the answer is out, so it adds nothing to its latency.
         self._stats.record_arrival(arrival)
         self._last_arrival = arrival
         self._count_dropped(info.get('publication_sequence_number'))
-        self._record_delivery(info, time.time_ns())
-        # Read once: with a multi-threaded executor, deactivation may clear it meanwhile.
-        mailbox = self._mailbox
-        if mailbox is not None and mailbox.put((msg, arrival)):
-            # The previous frame was still waiting for the inference thread.
-            self._stats.increment('dropped')
-
-    def _inference_loop(self, mailbox: LatestFrameMailbox[tuple[Image, float]]) -> None:
-        while (frame := mailbox.take()) is not None:
-            # Time the frame waited for this thread after its callback (the hand-off).
-            self._stats.record_latency((time.monotonic() - frame[1]) * 1e3, 'queue')
-            try:
-                self._process(*frame)
-            except Exception as exc:
-                # Anything unforeseen must not end the thread silently and stop the node.
-                self._stats.increment('errors')
-                self._last_problem = f'frame processing failed: {exc!r}'
-                self.get_logger().error(self._last_problem, throttle_duration_sec=1.0)
+        self._record_delivery(info, callback_start_ns)
 
     def _process(self, msg: Image, arrival: float) -> None:
         try:
@@ -328,7 +370,6 @@ class DetectorNode(LifecycleNode):
         p50, p99 = self._stats.latency_percentiles(50, 99)
         transport_p50, = self._stats.latency_percentiles(50, stage='transport')
         dispatch_p50, = self._stats.latency_percentiles(50, stage='dispatch')
-        queue_p50, = self._stats.latency_percentiles(50, stage='queue')
         counters = self._stats.counters
         level, message = DiagnosticStatus.OK, 'processing images'
         if self._last_arrival is None or now - self._last_arrival > \
@@ -341,7 +382,6 @@ class DetectorNode(LifecycleNode):
             'input_rate_hz': f'{self._stats.rate_hz(now):.2f}',
             'latency_p50_ms': f'{p50:.2f}', 'latency_p99_ms': f'{p99:.2f}',
             'transport_p50_ms': f'{transport_p50:.2f}', 'dispatch_p50_ms': f'{dispatch_p50:.2f}',
-            'queue_p50_ms': f'{queue_p50:.2f}',
             'frames_processed': str(counters.get('processed', 0)),
             'frames_dropped': str(counters.get('dropped', 0)),
             'frames_rejected': str(counters.get('rejected', 0)),

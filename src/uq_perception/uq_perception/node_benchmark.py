@@ -109,9 +109,8 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int,
     forward_ms: list[float] = []
     answered = threading.Event()
     # The node's own figures split the end-to-end latency: image transport (DDS source ->
-    # reception stamps), waiting for the executor (reception -> callback), waiting for the
-    # inference thread (callback -> taken), callback -> DetectionArray published; the rest
-    # is the answer's way back to this process.
+    # reception stamps), waiting for the executor (reception -> callback), callback ->
+    # DetectionArray published; the rest is the answer's way back to this process.
     node_report: dict[str, str] = {}
 
     def on_detections(msg: DetectionArray, info: dict) -> None:
@@ -164,6 +163,10 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int,
 
     def publish_frames() -> None:
         try:
+            # A thread's first forward passes are slow (one took 28 ms against 13): they are
+            # run here untimed, not taken as the measure of what fits in a period.
+            for frame in frames[:3]:
+                backend.infer(frame, 0.3, 20)
             start = time.perf_counter()
             for i in range(count):
                 msg = Image(**fields[i % len(fields)])
@@ -175,7 +178,8 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int,
                 # Once the node has answered, the bare forward on the same frame, when it
                 # fits well before the next frame is due (it must never delay the node's).
                 next_due = start + (i + 1) * period
-                budget = 2e-3 * forward_ms[-1] if forward_ms else period / 2
+                budget = 2e-3 * float(np.median(forward_ms[-10:])) if forward_ms \
+                    else period / 2
                 if answered.wait(max(0.0, next_due - time.perf_counter() - budget)) and \
                         (1 + i, 0) in latencies and next_due - time.perf_counter() > budget:
                     begin = time.perf_counter()
@@ -203,9 +207,10 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int,
     executor.shutdown()
     node.destroy_node()
     ordered = np.array([latencies[k] for k in sorted(latencies)])
-    if not forward_ms:
-        raise RuntimeError(f'no period at {rate_hz} Hz left room for the bare forward pass; '
-                           'use a lower --rate')
+    if len(forward_ms) < len(ordered) / 2:
+        raise RuntimeError(f'only {len(forward_ms)} of {len(ordered)} periods at {rate_hz} Hz '
+                           'left room for the bare forward pass, too few for the ratio; use '
+                           'a lower --rate')
     forward_p50 = float(np.percentile(forward_ms, 50))
     latency_p50 = float(np.percentile(ordered, 50))
     return {
@@ -223,7 +228,6 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int,
         'node_latency_p99_ms': float(node_report.get('latency_p99_ms', 'nan')),
         'node_transport_p50_ms': float(node_report.get('transport_p50_ms', 'nan')),
         'node_dispatch_p50_ms': float(node_report.get('dispatch_p50_ms', 'nan')),
-        'node_queue_p50_ms': float(node_report.get('queue_p50_ms', 'nan')),
         'node_frames_dropped': int(node_report.get('frames_dropped', -1)),
         'forward_p50_ms': forward_p50,
         'forward_p99_ms': float(np.percentile(forward_ms, 99)),

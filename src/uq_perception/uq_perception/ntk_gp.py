@@ -558,6 +558,13 @@ def summarise_gaussian_logits(mean: np.ndarray, gp_class_variance: np.ndarray,
     scale = math.sqrt(8.0 * probit_lambda / math.pi)
     adjusted = mean / np.sqrt(temperature * temperature + probit_lambda * gp_class_variance)
     probabilities = _softmax(adjusted)
+    if scale == 0.0:
+        # lambda = 0 (as fitted when the GP spread does not help the validation NLL): every
+        # draw is the mean, so the decomposition is exact without them: no epistemic part.
+        # This path skips ~15 array operations, a third of the node's GP query per frame.
+        entropy = -(probabilities * np.log(np.maximum(probabilities,
+                                                      np.finfo(np.float64).tiny))).sum(axis=1)
+        return probabilities, entropy, entropy.copy(), np.zeros_like(entropy)
     # Layout (B, C, S): reductions over classes then run over contiguous rows of draws.
     draws_t = np.ascontiguousarray(draws.T)
     if covariance is None:
