@@ -307,6 +307,8 @@ class DetectorNode(LifecycleNode):
         try:
             self._process(msg, arrival)
         except Exception as exc:
+            if not self.context.ok():
+                return  # shut down (Ctrl-C) during this frame: its answer cannot go out
             # Anything unforeseen must not end the thread silently and stop the node.
             self._stats.increment('errors')
             self._last_problem = f'frame processing failed: {exc!r}'
