@@ -29,3 +29,11 @@ def test_track_survives_max_missed_frames_then_is_forgotten():
 def test_invalid_settings_are_rejected(kwargs):
     with pytest.raises(ValueError):
         IoUTracker(**kwargs)
+
+
+@pytest.mark.parametrize('box', [[10, 10, np.nan, 5], [10, 10, -1, 5]])
+def test_invalid_boxes_are_rejected(box):
+    tracker = IoUTracker()
+    tracker.update(np.array([[10, 10, 10, 10]], float))
+    with pytest.raises(ValueError, match='finite with non-negative'):
+        tracker.update(np.array([box], float))

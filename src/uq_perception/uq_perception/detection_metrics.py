@@ -13,6 +13,7 @@ import numpy as np
 __all__ = [
     'average_precision',
     'box_iou',
+    'checked_box_iou',
     'match_detections',
 ]
 
@@ -66,8 +67,15 @@ def box_iou(boxes_a: np.ndarray, boxes_b: np.ndarray) -> np.ndarray:
     np.ndarray
         ``(N, M)`` IoU in ``[0, 1]``; 0 where both boxes are empty.
     """
-    a = _as_boxes('boxes_a', boxes_a)
-    b = _as_boxes('boxes_b', boxes_b)
+    return checked_box_iou(_as_boxes('boxes_a', boxes_a), _as_boxes('boxes_b', boxes_b))
+
+
+def checked_box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:func:`box_iou` of boxes already known to be valid ``(N, 4)`` and ``(M, 4)`` floats.
+
+    For per-frame paths that validate their boxes once (the tracker): the checks cost more
+    than the IoU itself for a handful of boxes.
+    """
     a1, a2 = a[:, :2] - a[:, 2:] / 2, a[:, :2] + a[:, 2:] / 2
     b1, b2 = b[:, :2] - b[:, 2:] / 2, b[:, :2] + b[:, 2:] / 2
     top_left = np.maximum(a1[:, None, :], b1[None, :, :])
