@@ -33,8 +33,8 @@ an inference thread:
   SingleThreadedExecutor with both cores loaded by other work (1.1-1.3 vs 0.9-1.0 ms idle),
   measured in one process with a 320x240 image subscription;
 - a hand-off from the detector's executor to an inference thread cost 0.5-0.6 ms per frame
-  (`uq bench node`, idle): the inference thread had to wait for the executor to get back to
-  its wait set, which on a lifecycle node with a dozen services takes that long in Python.
+  (`uq bench node`, idle), most likely the inference thread waiting for the GIL until the
+  executor thread, busy in Python after the callback, got back to its wait set.
 """
 
 from __future__ import annotations
