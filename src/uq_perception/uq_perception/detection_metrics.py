@@ -13,8 +13,8 @@ import numpy as np
 __all__ = [
     'average_precision',
     'box_iou',
-    'checked_box_iou',
     'match_detections',
+    'unchecked_box_iou',
 ]
 
 
@@ -67,11 +67,12 @@ def box_iou(boxes_a: np.ndarray, boxes_b: np.ndarray) -> np.ndarray:
     np.ndarray
         ``(N, M)`` IoU in ``[0, 1]``; 0 where both boxes are empty.
     """
-    return checked_box_iou(_as_boxes('boxes_a', boxes_a), _as_boxes('boxes_b', boxes_b))
+    return unchecked_box_iou(_as_boxes('boxes_a', boxes_a), _as_boxes('boxes_b', boxes_b))
 
 
-def checked_box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """:func:`box_iou` of boxes already known to be valid ``(N, 4)`` and ``(M, 4)`` floats.
+def unchecked_box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:func:`box_iou` without its checks, for boxes known to be valid ``(N, 4)`` and
+    ``(M, 4)`` float arrays.
 
     For per-frame paths that validate their boxes once (the tracker): the checks cost more
     than the IoU itself for a handful of boxes.

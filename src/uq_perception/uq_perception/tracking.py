@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from uq_perception.detection_metrics import checked_box_iou
+from uq_perception.detection_metrics import unchecked_box_iou
 
 
 class IoUTracker:
@@ -53,7 +53,7 @@ class IoUTracker:
         matched = [False] * len(self._ids)
         if len(boxes) and len(self._ids):
             # Stored boxes were checked when they came in.
-            iou = checked_box_iou(self._boxes, boxes)
+            iou = unchecked_box_iou(self._boxes, boxes)
             tracks, detections = np.nonzero(iou >= self.iou_threshold)
             track_ids = self._ids.tolist()
             # Greedy over the pairs above the threshold, highest IoU first.
