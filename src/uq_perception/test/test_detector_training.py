@@ -229,6 +229,8 @@ def test_train_config_validation():
         TrainConfig(crop=(100, 160))
     with pytest.raises(ValueError, match='separation_weight'):
         TrainConfig(separation_weight=-1.0)
+    with pytest.raises(ValueError, match='compactness_weight'):
+        TrainConfig(compactness_weight=-0.5)
 
 
 def test_targets_decode_back_to_the_boxes():
@@ -307,6 +309,29 @@ def test_detection_loss_outlier_exposure_and_separation_terms():
                                                            separation_weight=0.0))
     assert float(off['total']) == pytest.approx(float(
         off['heatmap'] + off['size'] + off['offset'] + off['class']), rel=1e-5)
+
+
+def test_detection_loss_compactness_term():
+    torch.manual_seed(0)
+    model = CenterNetDetector(['a', 'b', 'c'], embedding_dim=4, input_size=(32, 48),
+                              channels=(4, 8, 8, 8), neck_channels=8)
+    targets = build_targets([np.array([[10.0, 10.0, 12.0, 10.0], [34.0, 20.0, 14.0, 12.0],
+                                       [20.0, 24.0, 10.0, 8.0]])],
+                            [np.array([2, 0, OUTLIER_LABEL])], (32 // STRIDE, 48 // STRIDE))
+    maps = model.feature_maps(torch.rand(1, 3, 32, 48))
+    losses = detection_loss(model, maps, targets, TrainConfig(compactness_weight=0.7))
+    phi = model.embed_cells(maps, targets.index, targets.boxes)[0]
+    rows = model.head.weight
+    # Cosine distance of each known object to its class's head row; auxiliary ones excluded.
+    expected = 1.0 - (torch.cosine_similarity(phi[0], rows[2], dim=0)
+                      + torch.cosine_similarity(phi[1], rows[0], dim=0)) / 2
+    assert float(losses['compactness']) == pytest.approx(float(expected), rel=1e-5)
+    assert float(losses['total']) == pytest.approx(float(
+        losses['heatmap'] + losses['size'] + losses['offset'] + losses['class']
+        + 0.5 * losses['outlier'] + losses['separation'] + 0.7 * losses['compactness']),
+        rel=1e-5)
+    losses['compactness'].backward()
+    assert model.head.weight.grad is not None and model.embedding_mlp[0].weight.grad is not None
 
 
 def test_run_training_and_evaluation_end_to_end(dataset, tmp_path):

@@ -65,6 +65,10 @@ class TrainConfig:
         objects of a batch. The last-layer GP's variance is high only in embedding
         directions that the known training objects leave empty, so "other objects" are
         taught to point there; unknown objects that resemble them follow.
+    compactness_weight : float
+        Weight of the mean cosine distance between each known object's embedding and its
+        class's row of the linear head. Known embeddings gathered near a few directions
+        leave the rest of the sphere to the GP's high-variance region (0: off).
     crop : tuple[int, int] | None
         ``(height, width)`` of random training crops (multiples of 16; None: whole
         images). Crops make a step cheaper; objects keep their scale.
@@ -90,6 +94,7 @@ class TrainConfig:
     offset_weight: float = 1.0
     outlier_weight: float = 0.5
     separation_weight: float = 1.0
+    compactness_weight: float = 0.0
     crop: tuple[int, int] | None = (160, 224)
     box_jitter: bool = True
     seed: int = 0
@@ -102,7 +107,8 @@ class TrainConfig:
         for name in ('learning_rate', 'class_weight', 'size_weight', 'offset_weight'):
             if not getattr(self, name) > 0:
                 raise ValueError(f'{name} must be > 0, got {getattr(self, name)}')
-        for name in ('weight_decay', 'warmup_steps', 'outlier_weight', 'separation_weight'):
+        for name in ('weight_decay', 'warmup_steps', 'outlier_weight', 'separation_weight',
+                     'compactness_weight'):
             if not getattr(self, name) >= 0:
                 raise ValueError(f'{name} must be >= 0, got {getattr(self, name)}')
         if self.crop is not None and (len(self.crop) != 2 or any(
@@ -139,8 +145,9 @@ def detection_loss(model: CenterNetDetector, maps: dict[str, torch.Tensor], targ
     """Weighted loss terms of a batch.
 
     Keys: ``total``, ``heatmap``, ``size``, ``offset``, ``class`` (cross-entropy on known
-    objects), ``outlier`` (cross-entropy to uniform on auxiliary objects) and
-    ``separation`` (squared cosine between auxiliary and known embeddings).
+    objects), ``outlier`` (cross-entropy to uniform on auxiliary objects),
+    ``separation`` (squared cosine between auxiliary and known embeddings) and
+    ``compactness`` (cosine distance of known embeddings to their class's head row).
     """
     import torch
     import torch.nn.functional as F
@@ -157,12 +164,14 @@ def detection_loss(model: CenterNetDetector, maps: dict[str, torch.Tensor], targ
     size, offset = size / count, offset / count
     taught = targets.label >= 0
     outlier = targets.label == OUTLIER_LABEL
-    cls = outlier_loss = separation = heat.new_zeros(())
+    cls = outlier_loss = separation = compactness = heat.new_zeros(())
     if bool(taught.any()) or bool(outlier.any()):
         phi = model.embed_cells(maps, targets.index, targets.boxes)
         logits = model.head(phi)
         if bool(taught.any()):
             cls = F.cross_entropy(logits[taught], targets.label[taught])
+            class_rows = model.head.weight[targets.label[taught]]
+            compactness = (1.0 - F.cosine_similarity(phi[taught], class_rows, dim=-1)).mean()
         if bool(outlier.any()):
             outlier_loss = -F.log_softmax(logits[outlier], dim=-1).mean()
             if bool(taught.any()):
@@ -170,9 +179,9 @@ def detection_loss(model: CenterNetDetector, maps: dict[str, torch.Tensor], targ
                 separation = cosine.pow(2).mean()
     total = heat + config.size_weight * size + config.offset_weight * offset \
         + config.class_weight * cls + config.outlier_weight * outlier_loss \
-        + config.separation_weight * separation
+        + config.separation_weight * separation + config.compactness_weight * compactness
     return {'total': total, 'heatmap': heat, 'size': size, 'offset': offset, 'class': cls,
-            'outlier': outlier_loss, 'separation': separation}
+            'outlier': outlier_loss, 'separation': separation, 'compactness': compactness}
 
 
 def _batches(count: int, batch_size: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
@@ -512,6 +521,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--separation-weight', type=float,
                         default=defaults.separation_weight,
                         help='auxiliary-vs-known embedding separation (0: off)')
+    parser.add_argument('--compactness-weight', type=float,
+                        default=defaults.compactness_weight,
+                        help='pull known embeddings towards their class head row (0: off)')
     parser.add_argument('--seed', type=int, default=defaults.seed)
     parser.add_argument('--threads', type=int, default=defaults.threads,
                         help='torch CPU threads')
@@ -528,6 +540,7 @@ def _run(args: argparse.Namespace) -> int:
                          learning_rate=args.lr, embedding_dim=args.embedding_dim,
                          outlier_weight=args.outlier_weight,
                          separation_weight=args.separation_weight,
+                         compactness_weight=args.compactness_weight,
                          seed=args.seed, threads=args.threads)
     if args.gp_only:
         summary = refit_gp(args.data, args.out, seed=args.seed, threads=args.threads,
