@@ -290,7 +290,7 @@ def test_detection_loss_outlier_exposure_and_separation_terms():
     targets = build_targets([np.array([[10.0, 10.0, 12.0, 10.0], [34.0, 20.0, 14.0, 12.0]])],
                             [np.array([1, OUTLIER_LABEL])], (32 // STRIDE, 48 // STRIDE))
     maps = model.feature_maps(torch.rand(1, 3, 32, 48))
-    config = TrainConfig(outlier_weight=0.5, separation_weight=2.0)
+    config = TrainConfig(outlier_weight=0.5, separation_weight=2.0, compactness_weight=0.0)
     losses = detection_loss(model, maps, targets, config)
     phi = model.embed_cells(maps, targets.index, targets.boxes)[0]
     logits = model.head(phi)
@@ -305,8 +305,8 @@ def test_detection_loss_outlier_exposure_and_separation_terms():
         + 0.5 * losses['outlier'] + 2.0 * losses['separation']), rel=1e-5)
     losses['separation'].backward()
     assert model.embedding_mlp[0].weight.grad is not None
-    off = detection_loss(model, maps, targets, TrainConfig(outlier_weight=0.0,
-                                                           separation_weight=0.0))
+    off = detection_loss(model, maps, targets, TrainConfig(
+        outlier_weight=0.0, separation_weight=0.0, compactness_weight=0.0))
     assert float(off['total']) == pytest.approx(float(
         off['heatmap'] + off['size'] + off['offset'] + off['class']), rel=1e-5)
 

@@ -68,7 +68,9 @@ class TrainConfig:
     compactness_weight : float
         Weight of the mean cosine distance between each known object's embedding and its
         class's row of the linear head. Known embeddings gathered near a few directions
-        leave the rest of the sphere to the GP's high-variance region (0: off).
+        leave the rest of the sphere to the GP's high-variance region (0: off). On the
+        format-3 data, 0.5 raised the GP-variance AUROC of unknown objects from 0.944 to
+        0.955 (detection AP 0.936 -> 0.916); 2.0 lowered it to 0.930 (models/MODEL_CARD.md).
     crop : tuple[int, int] | None
         ``(height, width)`` of random training crops (multiples of 16; None: whole
         images). Crops make a step cheaper; objects keep their scale.
@@ -94,7 +96,7 @@ class TrainConfig:
     offset_weight: float = 1.0
     outlier_weight: float = 0.5
     separation_weight: float = 1.0
-    compactness_weight: float = 0.0
+    compactness_weight: float = 0.5
     crop: tuple[int, int] | None = (160, 224)
     box_jitter: bool = True
     seed: int = 0
