@@ -355,8 +355,11 @@ def test_bench_node_prints_a_json_report(model_files):
     # warm-up frames, so it is bounded by the tail rather than the median).
     assert 0 < report['node_latency_p50_ms'] <= report['latency_p99_ms']
     assert report['harness_dispatch_p50_ms'] >= 0
+    assert 0 < report['harness_publish_p50_ms'] < report['latency_p50_ms']
     # The bare forward runs in the harness between the node's frames, on the same frames.
     assert report['frames_answered'] / 2 <= report['forward_samples'] <= report['frames_answered']
     assert report['forward_p99_ms'] >= report['forward_p50_ms'] > 0
     assert report['node_overhead_ratio'] == pytest.approx(
         (report['latency_p50_ms'] - report['forward_p50_ms']) / report['forward_p50_ms'])
+    assert report['node_side_overhead_ratio'] == pytest.approx(
+        (report['node_latency_p50_ms'] - report['forward_p50_ms']) / report['forward_p50_ms'])

@@ -330,8 +330,10 @@ class DetectorNode(LifecycleNode):
 
     def _on_image(self, msg: Image, info: dict) -> None:
         arrival, callback_start_ns = time.monotonic(), time.time_ns()
+        # A frame's latency runs from its DDS reception stamp (system clock), so it includes
+        # waiting to be taken; from the callback's start when the stamp is missing.
         try:
-            self._process(msg, arrival)
+            self._process(msg, info.get('received_timestamp') or callback_start_ns)
         except Exception as exc:
             if not self.context.ok():
                 return  # shut down (Ctrl-C) during this frame: its answer cannot go out
@@ -345,7 +347,7 @@ class DetectorNode(LifecycleNode):
         self._count_dropped(info.get('publication_sequence_number'))
         self._record_delivery(info, callback_start_ns)
 
-    def _process(self, msg: Image, arrival: float) -> None:
+    def _process(self, msg: Image, received_ns: int) -> None:
         try:
             rgb = image_to_rgb(msg.height, msg.width, msg.encoding, msg.step, msg.data,
                                bool(msg.is_bigendian), self._params['max_image_pixels'])
@@ -364,7 +366,7 @@ class DetectorNode(LifecycleNode):
         self._outputs['detections'].publish(detection_array_message(
             frame, msg.header, self._params['backend'], self._model_id))
         self._stats.increment('processed')
-        self._stats.record_latency((time.monotonic() - arrival) * 1e3)
+        self._stats.record_latency((time.time_ns() - received_ns) * 1e-6)
         ood_threshold = self._perception.gp.ood_threshold
         if self._outputs['markers'].get_subscription_count():
             self._outputs['markers'].publish(
