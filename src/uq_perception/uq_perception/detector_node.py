@@ -35,8 +35,10 @@ inference thread, or an executor for the image subscription at all:
 - a hand-off from the detector's executor to an inference thread cost 0.5-0.6 ms per frame
   (`uq bench node`, idle), most likely the inference thread waiting for the GIL until the
   executor thread, busy in Python after the callback, got back to its wait set;
-- a SingleThreadedExecutor of its own took about 0.6 ms more from reception to callback
-  than waiting on the subscription directly (:class:`ImageInputThread`).
+- a SingleThreadedExecutor of its own took longer from a frame's DDS reception to its
+  callback than waiting on the subscription directly (:class:`ImageInputThread`): 0.5-0.7
+  ms longer with both cores busy, 0.15-0.2 ms longer on an idle machine (`uq bench node`,
+  ``node_dispatch_p50_ms`` 0.5-0.7 ms before, 0.35-0.48 ms after).
 """
 
 from __future__ import annotations
