@@ -26,6 +26,7 @@ from diagnostic_msgs.msg import DiagnosticArray
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState, GetState
 from rclpy.executors import MultiThreadedExecutor
+from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.node import Node
 from rclpy.parameter import Parameter, parameter_value_to_python
 from rclpy.parameter_client import AsyncParameterClient
@@ -252,6 +253,25 @@ def test_image_remapping_reaches_the_private_input_node(ros_context, model_files
         h.close()
         detector.destroy_node()
 
+
+
+def test_image_thread_ends_when_the_context_shuts_down(model_files):
+    # Ctrl-C shuts the context down while the node is active and its image thread waits on
+    # the subscription, outside any executor: the shutdown itself must end that wait.
+    context = rclpy.Context()
+    rclpy.init(context=context, domain_id=199)
+    detector = _detector(context, model_files)
+    try:
+        assert detector.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        assert detector.trigger_activate() == TransitionCallbackReturn.SUCCESS
+        [thread] = [t for t in threading.enumerate() if t.name == 'detector_node_images']
+        assert thread.is_alive()
+        context.shutdown()
+        thread.join(timeout=TIMEOUT_S)
+        assert not thread.is_alive()
+    finally:
+        detector.destroy_node()
+        context.try_shutdown()
 
 MALFORMED = {
     'unknown encoding': dict(encoding='yuv422'),
