@@ -7,7 +7,7 @@ import pytest
 from std_msgs.msg import Header
 
 from uq_perception.detector import Detections
-from uq_perception.messages import detection_array_message
+from uq_perception.messages import DetectionArrayBuilder, detection_array_message
 from uq_perception.ntk_gp import UncertaintyOutput
 from uq_perception.perception import FrameResult
 
@@ -72,3 +72,15 @@ def test_no_detections_gives_an_empty_array_and_no_expert():
     out = detection_array_message(_frame(0), Header(), 'pytorch-cpu', 'm')
     assert len(out.detections) == 0
     assert out.uncertainty.expert_id == -1 and out.uncertainty.gp_variance == 0.0
+
+
+def test_builder_reusing_messages_matches_fresh_messages_frame_after_frame():
+    # More detections, fewer, none, then some again: nothing of an earlier frame may remain.
+    builder = DetectionArrayBuilder()
+    header = Header(frame_id='camera')
+    for count in (4, 2, 0, 3):
+        frame = _frame(count)
+        header.stamp.sec = count
+        built = builder.build(frame, header, 'pytorch-cpu', 'model-x')
+        assert built == detection_array_message(frame, header, 'pytorch-cpu', 'model-x')
+        assert len(built.detections) == count

@@ -73,7 +73,7 @@ from visualization_msgs.msg import MarkerArray
 from uq_msgs.msg import DetectionArray
 from uq_perception.backends import BackendKind
 from uq_perception.image_codec import ImageFormatError, image_to_rgb, rgb_to_image_fields
-from uq_perception.messages import detection_array_message, marker_array_message
+from uq_perception.messages import DetectionArrayBuilder, marker_array_message
 from uq_perception.parameters import ParameterSpec, declare_parameters, first_invalid
 from uq_perception.runtime_stats import RollingStats
 
@@ -206,6 +206,7 @@ class DetectorNode(LifecycleNode):
         self._model_id = ''
         self._device = ''
         self._outputs: dict[str, Any] = {}
+        self._detection_builder = DetectionArrayBuilder()
         self._image_input: ImageInputThread | None = None
         self._info_sub: Any = None
         self._diagnostics_timer: Any = None
@@ -365,7 +366,8 @@ class DetectorNode(LifecycleNode):
             self._last_problem = f'inference failed: {exc}'
             self.get_logger().error(self._last_problem, throttle_duration_sec=1.0)
             return
-        self._outputs['detections'].publish(detection_array_message(
+        # Published before the next frame is built, so its message objects can be reused.
+        self._outputs['detections'].publish(self._detection_builder.build(
             frame, msg.header, self._params['backend'], self._model_id))
         self._stats.increment('processed')
         self._stats.record_latency((time.time_ns() - received_ns) * 1e-6)

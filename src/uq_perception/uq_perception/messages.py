@@ -48,9 +48,45 @@ def detection_array_message(frame: FrameResult, header: Header, backend: str,
     The frame-level ``uncertainty`` is that of the most uncertain detection (largest GP
     variance), the one a cautious consumer should act on; zeros when nothing is detected.
     """
-    out = DetectionArray(header=header, class_names=list(frame.class_names),
-                         inference_time_ms=float(frame.inference_ms), backend=backend,
-                         model_id=model_id)
+    return _fill_detection_array(DetectionArray(), [Detection() for _ in range(len(frame))],
+                                 frame, header, backend, model_id)
+
+
+class DetectionArrayBuilder:
+    """Builds :func:`detection_array_message` into the same message objects frame after frame.
+
+    For a publisher that serialises each message before the next is built (rclpy's
+    ``publish`` converts it on the spot): constructing the nested messages was two thirds
+    of the cost of building one, 0.21 of 0.31 ms for six detections right after a forward
+    pass. The returned message is only valid until the next :meth:`build`.
+    """
+
+    def __init__(self) -> None:
+        self._message = DetectionArray()
+        self._detections: list[Detection] = []
+
+    def build(self, frame: FrameResult, header: Header, backend: str,
+              model_id: str) -> DetectionArray:
+        while len(self._detections) < len(frame):
+            self._detections.append(Detection())
+        return _fill_detection_array(self._message, self._detections[:len(frame)], frame,
+                                     header, backend, model_id)
+
+
+# The frame-level uncertainty of a frame without detections: the message defaults, no expert.
+_NO_UNCERTAINTY = {'gp_variance': 0.0, 'predictive_entropy': 0.0, 'expected_entropy': 0.0,
+                   'mutual_information': 0.0, 'max_probability': 0.0,
+                   'out_of_distribution': False, 'expert_id': -1}
+
+
+def _fill_detection_array(out: DetectionArray, detections: list[Detection],
+                          frame: FrameResult, header: Header, backend: str,
+                          model_id: str) -> DetectionArray:
+    """Set every field of ``out`` and of the ``len(frame)`` messages in ``detections``."""
+    out.header = header
+    out.class_names = list(frame.class_names)
+    out.inference_time_ms = float(frame.inference_ms)
+    out.backend, out.model_id = backend, model_id
     uncertainties = _uncertainty_rows(frame)
     probabilities = frame.uncertainty.probabilities
     classes = probabilities.argmax(axis=1).tolist()
@@ -59,10 +95,7 @@ def detection_array_message(frame: FrameResult, header: Header, backend: str,
     boxes = frame.detections.boxes.tolist()
     scores = frame.detections.scores.tolist()
     track_ids = frame.track_ids.tolist()
-    for i in range(len(frame)):
-        # Fields are set on the default-built message: the generated constructor builds a
-        # default nested Uncertainty even when one is passed, doubling the cost.
-        detection = Detection()
+    for i, detection in enumerate(detections):
         detection.class_id = frame.class_names[classes[i]]
         detection.class_index = classes[i]
         detection.score = scores[i]
@@ -70,10 +103,11 @@ def detection_array_message(frame: FrameResult, header: Header, backend: str,
         detection.center_x, detection.center_y, detection.width, detection.height = boxes[i]
         detection.track_id = track_ids[i]
         _set_fields(detection.uncertainty, uncertainties[i])
-        out.detections.append(detection)
+    out.detections = detections
     worst = frame.most_uncertain()
     if worst is None:
-        out.uncertainty.expert_id = -1
+        _set_fields(out.uncertainty, _NO_UNCERTAINTY)
+        out.uncertainty.class_variance = array.array('f')
     else:
         _set_fields(out.uncertainty, uncertainties[worst])
     return out
