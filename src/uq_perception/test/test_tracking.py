@@ -1,4 +1,4 @@
-"""Greedy IoU tracker (box IoU itself is tested with the detection metrics)."""
+"""Greedy IoU tracker."""
 
 import numpy as np
 import pytest
@@ -37,3 +37,16 @@ def test_invalid_boxes_are_rejected(box):
     tracker.update(np.array([[10, 10, 10, 10]], float))
     with pytest.raises(ValueError, match='finite with non-negative'):
         tracker.update(np.array([box], float))
+
+
+def test_iou_threshold_is_inclusive_and_matching_is_greedy_by_iou():
+    # A 10 x 10 box shifted by 5 along x overlaps its old place with IoU 50 / 150 = 1/3.
+    tracker = IoUTracker(iou_threshold=1 / 3, max_missed=0)
+    [tid] = tracker.update(np.array([[10.0, 10.0, 10.0, 10.0]]))
+    assert tracker.update(np.array([[15.0, 10.0, 10.0, 10.0]]))[0] == tid
+    assert tracker.update(np.array([[20.01, 10.0, 10.0, 10.0]]))[0] != tid
+    # Two candidates for one track: the higher IoU wins it, whatever their order.
+    tracker = IoUTracker(iou_threshold=0.3)
+    [tid] = tracker.update(np.array([[50.0, 50.0, 10.0, 10.0]]))
+    ids = tracker.update(np.array([[53.0, 50.0, 10.0, 10.0], [51.0, 50.0, 10.0, 10.0]]))
+    assert ids[1] == tid and ids[0] != tid

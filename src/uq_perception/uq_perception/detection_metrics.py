@@ -14,7 +14,6 @@ __all__ = [
     'average_precision',
     'box_iou',
     'match_detections',
-    'unchecked_box_iou',
 ]
 
 
@@ -67,16 +66,8 @@ def box_iou(boxes_a: np.ndarray, boxes_b: np.ndarray) -> np.ndarray:
     np.ndarray
         ``(N, M)`` IoU in ``[0, 1]``; 0 where both boxes are empty.
     """
-    return unchecked_box_iou(_as_boxes('boxes_a', boxes_a), _as_boxes('boxes_b', boxes_b))
-
-
-def unchecked_box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """:func:`box_iou` without its checks, for boxes known to be valid ``(N, 4)`` and
-    ``(M, 4)`` float arrays.
-
-    For per-frame paths that validate their boxes once (the tracker): the checks cost more
-    than the IoU itself for a handful of boxes.
-    """
+    a = _as_boxes('boxes_a', boxes_a)
+    b = _as_boxes('boxes_b', boxes_b)
     a1, a2 = a[:, :2] - a[:, 2:] / 2, a[:, :2] + a[:, 2:] / 2
     b1, b2 = b[:, :2] - b[:, 2:] / 2, b[:, :2] + b[:, 2:] / 2
     top_left = np.maximum(a1[:, None, :], b1[None, :, :])
