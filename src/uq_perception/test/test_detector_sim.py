@@ -111,3 +111,10 @@ def test_shipped_model_finds_known_objects_and_is_most_uncertain_about_the_unkno
     rgb, boxes = render_scene_with_truth(seed, known, unknown)
     assert set(boxes) == set(known) | {unknown}, 'every object is visible in the render'
     assert check_scene(perception.process(rgb), boxes, known, unknown) == []
+
+
+def test_frame_result_times_the_backend_call_within_the_frame(perception):
+    rgb, _ = render_scene_with_truth(*SCENES[0])
+    result = perception.process(rgb)
+    # The node's overhead figure is the frame's latency less this backend call.
+    assert 0 < result.forward_ms < result.inference_ms

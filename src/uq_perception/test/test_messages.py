@@ -29,7 +29,8 @@ def _frame(count: int) -> FrameResult:
         scores=np.sort(rng.random(count)).astype(np.float32)[::-1],
         embeddings=rng.normal(size=(count, 8)).astype(np.float32),
         logits=uncertainty.logits.astype(np.float32))
-    return FrameResult(detections, uncertainty, np.arange(10, 10 + count), CLASSES, 12.5)
+    return FrameResult(detections, uncertainty, np.arange(10, 10 + count), CLASSES, 12.5,
+                       11.0)
 
 
 def test_every_detection_field_comes_from_its_row():

@@ -33,7 +33,10 @@ class FrameResult:
     class_names
         The GP's classes (it may have learnt classes the network head lacks).
     inference_ms
-        Wall time of detection and uncertainty for this frame.
+        Wall time of detection, uncertainty and tracking for this frame.
+    forward_ms
+        The part of it in the backend's call (preprocess, network forward, decode): what
+        the detector costs without uncertainty, the reference for the node's overhead.
     """
 
     detections: Detections
@@ -41,6 +44,7 @@ class FrameResult:
     track_ids: np.ndarray
     class_names: list[str]
     inference_ms: float
+    forward_ms: float
 
     def __len__(self) -> int:
         return len(self.detections)
@@ -85,6 +89,7 @@ class UncertaintyPerception:
         """Run the pipeline on one ``(H, W, 3)`` uint8 RGB image."""
         start = time.perf_counter()
         detections = self.backend.infer(image_rgb, self.score_threshold, self.max_detections)
+        forward_end = time.perf_counter()
         # The GP's head can have grown classes through online labels; its logits are the
         # ones that match its class list.
         uncertainty = self.gp.predict(detections.embeddings)
@@ -93,4 +98,4 @@ class UncertaintyPerception:
         else:
             track_ids = np.full(len(detections), -1, dtype=np.int64)
         return FrameResult(detections, uncertainty, track_ids, list(self.gp.class_names),
-                           (time.perf_counter() - start) * 1e3)
+                           (time.perf_counter() - start) * 1e3, (forward_end - start) * 1e3)
