@@ -388,5 +388,8 @@ def test_bench_node_prints_a_json_report(model_files):
     # Inside the node, each frame's latency splits into its backend call and the rest.
     assert 0 < report['node_overhead_p50_ms'] < report['node_latency_p50_ms']
     assert report['node_overhead_p99_ms'] >= report['node_overhead_p50_ms']
+    assert report['end_to_end_over_node_forward_ratio'] == pytest.approx(
+        (report['latency_p50_ms'] - report['node_forward_p50_ms'])
+        / report['node_forward_p50_ms'])
     assert report['node_side_overhead_ratio'] == pytest.approx(
         report['node_overhead_p50_ms'] / report['node_forward_p50_ms'])
