@@ -15,7 +15,12 @@ Topics (relative names, remap as usual):
 - ``overlay`` (sensor_msgs/Image, out): boxes coloured by uncertainty (only rendered
   while someone subscribes).
 - ``markers`` (visualization_msgs/MarkerArray, out).
-- ``/diagnostics`` (diagnostic_msgs/DiagnosticArray, out) at ``diagnostics_period``.
+- ``/diagnostics`` (diagnostic_msgs/DiagnosticArray, out) at ``diagnostics_period``:
+  input rate; over the last 300 frames the latency p50/p99 (DDS reception stamp to
+  DetectionArray published), its parts before the callback (DDS transport, dispatch),
+  the backend call's p50 (``forward_p50_ms``) and each frame's latency less its backend
+  call (``overhead_p50_ms``, ``overhead_p99_ms``: what the node adds to the network);
+  frames processed, dropped and rejected, inference errors, backend, device, model id.
 
 Threads: the image subscription lives on a private input node,
 ``<name>_image_input`` in the same namespace (:class:`ImageInputThread`), served by a
