@@ -378,7 +378,7 @@ class DetectorNode(LifecycleNode):
         self._stats.increment('processed')
         self._stats.record_latency(latency_ms)
         # Everything the node adds to the network's forward pass on this frame, timed in
-        # one process on one frame (a forward timed elsewhere differs by up to 7 %).
+        # one process on one frame (a forward timed in another process differed by up to 6 %).
         self._stats.record_latency(frame.forward_ms, 'forward')
         self._stats.record_latency(latency_ms - frame.forward_ms, 'overhead')
         ood_threshold = self._perception.gp.ood_threshold

@@ -16,8 +16,9 @@ Three overhead ratios are reported (overhead: latency less the forward pass, ove
 arrival, so it also holds both DDS transports between the processes and the harness's own
 publish call for each image (``harness_publish_p50_ms``), against the bare forward timed in
 this process. Its two terms come from two processes, whose forward passes on the same
-frames differed by -1.0 to +0.6 ms within a run here (``node_forward_p50_ms`` against
-``forward_p50_ms``), which moves it by up to 0.09 from run to run.
+frames differed by -0.3 to +0.6 ms within a run in 25 runs here (``node_forward_p50_ms``
+against ``forward_p50_ms``; mostly the node's slower, as it runs after the idle time between
+frames and this one right after the node's answer), which moves it by up to 0.06.
 ``end_to_end_over_node_forward_ratio`` is the same latency against the node's own backend
 calls on the same frames (the same call as the bare forward, timed in the node).
 ``node_side_overhead_ratio`` is what happens inside the node, timed there frame by frame:
