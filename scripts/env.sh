@@ -13,7 +13,7 @@ source "$_uq_root/install/setup.bash"
 [ "$_uq_nounset" = 1 ] && set -u
 # Console scripts of ament_python packages live in lib/<package>; put them on PATH so
 # `uq` and the node executables run directly (there is no `ros2 run` from PyPI).
-for _uq_pkg in uq_perception uq_autonomy uq_sim; do
+for _uq_pkg in uq_common uq_perception uq_autonomy uq_sim uq_eval; do
   [ -d "$_uq_root/install/$_uq_pkg/lib/$_uq_pkg" ] && PATH="$_uq_root/install/$_uq_pkg/lib/$_uq_pkg:$PATH"
 done
 export PATH

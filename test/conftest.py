@@ -1,9 +1,9 @@
-"""Shared fixtures for the cross-package tests."""
+"""Fixtures of the cross-package tests (the rclpy contexts are in the root conftest.py)."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -65,19 +65,3 @@ def fill_message(cls: type) -> Any:
 @pytest.fixture
 def filled_message() -> Callable[[type], Any]:
     return fill_message
-
-
-@pytest.fixture
-def ros_context(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """An initialised rclpy context on a domain id private to the test module, so tests of
-    different modules running side by side do not hear each other."""
-    import zlib
-
-    import rclpy
-    domain_id = 100 + zlib.crc32(request.module.__name__.encode()) % 100
-    context = rclpy.Context()
-    rclpy.init(context=context, domain_id=domain_id)
-    try:
-        yield context
-    finally:
-        context.try_shutdown()

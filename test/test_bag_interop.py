@@ -11,8 +11,8 @@ import pytest
 from rclpy.serialization import deserialize_message, serialize_message
 from rosbags.rosbag2 import Reader, StoragePlugin, Writer
 
+from uq_eval.bag_types import uq_typestore
 from uq_msgs.msg import AutonomyState, Detection, DetectionArray, HelpRequest, Uncertainty
-from uq_perception.bag_types import uq_typestore
 
 MESSAGE_TYPES = [Uncertainty, Detection, DetectionArray, AutonomyState, HelpRequest]
 STORAGES = [StoragePlugin.SQLITE3, StoragePlugin.MCAP]

@@ -33,11 +33,11 @@ from rclpy.parameter_client import AsyncParameterClient
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import Image
 
+from uq_common.image_codec import rgb_to_image_fields
 from uq_msgs.msg import DetectionArray
 from uq_perception.detector import CenterNetDetector, save_detector
 from uq_perception.detector_node import DetectorNode
-from uq_perception.image_codec import rgb_to_image_fields
-from uq_perception.ntk_gp import LastLayerNTKGP
+from uq_perception.ntk import LastLayerNTKGP
 
 CLASSES = ['box', 'sphere', 'cylinder', 'capsule', 'ellipsoid', 'mug']
 HEIGHT, WIDTH = 96, 128
@@ -364,7 +364,7 @@ def test_unknown_backend_refuses_to_start(ros_context):
 
 def test_bench_node_prints_a_json_report(model_files):
     # The benchmark as a user runs it: the node in its own process, frames over real DDS.
-    cmd = [sys.executable, '-m', 'uq_perception.cli', 'bench', 'node', '--frames', '30',
+    cmd = [sys.executable, '-m', 'uq_common.cli', 'bench', 'node', '--frames', '30',
            '--model', str(model_files / 'detector.pt'),
            '--gp', str(model_files / 'detector_gp.npz'), '--domain-id', '45']
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=180,

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from catkin_pkg.package import parse_package
 
-from uq_perception.cli import build_parser
+from uq_common.cli import build_parser
 
 WORKSPACE = Path(__file__).resolve().parents[1]
 MANIFESTS = sorted((WORKSPACE / 'src').glob('*/package.xml'))
-PYTHON_PACKAGES = ['uq_perception', 'uq_autonomy', 'uq_sim']
+PYTHON_PACKAGES = ['uq_common', 'uq_perception', 'uq_autonomy', 'uq_sim', 'uq_eval']
 
 
 def _console_scripts() -> list[tuple[str, str]]:
@@ -26,7 +26,7 @@ def _console_scripts() -> list[tuple[str, str]]:
 
 
 def test_every_package_has_a_manifest():
-    assert {m.parent.name for m in MANIFESTS} == {'uq_msgs', *PYTHON_PACKAGES}
+    assert {m.parent.name for m in MANIFESTS} == {'uq_msgs', 'uq_bringup', *PYTHON_PACKAGES}
 
 
 @pytest.mark.parametrize('manifest', MANIFESTS, ids=lambda p: p.parent.name)
@@ -70,7 +70,7 @@ def _subcommand_paths() -> list[list[str]]:
 
 
 def test_uq_help_lists_every_top_level_command():
-    result = subprocess.run([sys.executable, '-m', 'uq_perception.cli', '--help'],
+    result = subprocess.run([sys.executable, '-m', 'uq_common.cli', '--help'],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     for path in _subcommand_paths():
@@ -80,7 +80,7 @@ def test_uq_help_lists_every_top_level_command():
 
 @pytest.mark.parametrize('command', _subcommand_paths(), ids=' '.join)
 def test_uq_subcommand_answers_help(command):
-    result = subprocess.run([sys.executable, '-m', 'uq_perception.cli', *command, '--help'],
+    result = subprocess.run([sys.executable, '-m', 'uq_common.cli', *command, '--help'],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert f'uq {" ".join(command)}' in result.stdout

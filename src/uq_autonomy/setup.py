@@ -20,8 +20,9 @@ setup(
         'console_scripts': [
             'arbitration_node = uq_autonomy.arbitration_node:main',
         ],
+        # Subcommands of `uq` (uq_common.cli): the name is the command path with dots
+        # ("bench.gp" is `uq bench gp`), the value a function that fills an argparse parser.
         'uq.commands': [
-            'bench.arbitration = uq_autonomy.bench_arbitration:configure',
         ],
     },
 )

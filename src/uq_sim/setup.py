@@ -18,10 +18,11 @@ setup(
     license='Apache-2.0',
     entry_points={
         'console_scripts': [
-            f'sim_camera_node = {PACKAGE}.sim_camera_node:main',
+            'sim_camera_node = uq_sim.sim_camera_node:main',
         ],
+        # Subcommands of `uq` (uq_common.cli): the name is the command path with dots
+        # ("bench.gp" is `uq bench gp`), the value a function that fills an argparse parser.
         'uq.commands': [
-            'demo = uq_sim.demo:configure',
             'sim.dataset = uq_sim.commands:configure_dataset',
             'sim.preview = uq_sim.commands:configure_preview',
             'bench.sim = uq_sim.commands:configure_bench',

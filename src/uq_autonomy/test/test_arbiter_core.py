@@ -25,7 +25,6 @@ from uq_autonomy.arbitration_params import (
     default_values,
     load_parameters_file,
 )
-from uq_autonomy.latency import LatencyWindow, latency_summary_ms
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -260,12 +259,3 @@ def test_operator_timeout_gives_zero_and_nonfinite_commands_are_ignored():
     np.testing.assert_allclose(arbiter.step(0.4).command, [0.3, 0, 0, 0, 0, 0.1])
     np.testing.assert_allclose(arbiter.step(0.51).command, np.zeros(6))
 
-
-def test_latency_summary():
-    window = LatencyWindow(3)
-    for s in (1e-3, 2e-3, 3e-3, 4e-3):
-        window.add(s)
-    summary = window.summary_ms()
-    assert summary['count'] == 3 and summary['p50_ms'] == pytest.approx(3.0)
-    assert summary['max_ms'] == pytest.approx(4.0)
-    assert math.isnan(latency_summary_ms([])['p99_ms'])

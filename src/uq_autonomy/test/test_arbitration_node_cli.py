@@ -1,14 +1,12 @@
-"""The arbitration node and its benchmark as a user runs them: separate processes.
+"""The arbitration node as a user runs it: a separate process.
 
 ``--help`` answers without ROS; an invalid parameters file refuses to start with the reason;
 the shipped ``config/arbitration.yaml`` starts the real executable, whose latched
-AutonomyState is heard from this process over DDS, and which exits cleanly on SIGINT;
-``uq bench arbitration`` prints its JSON report.
+AutonomyState is heard from this process over DDS, and which exits cleanly on SIGINT.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -21,7 +19,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 DOMAIN_ID = 42
-BENCH_DOMAIN_ID = 43
 
 
 def _env(domain_id: int) -> dict[str, str]:
@@ -104,27 +101,3 @@ def test_shipped_config_starts_publishes_latched_state_and_stops_on_sigint():
     assert code == 0, ''.join(output)
     assert 'Traceback' not in ''.join(output)
 
-
-def test_bench_prints_a_json_report():
-    cmd = [sys.executable, '-m', 'uq_perception.cli', 'bench', 'arbitration',
-           '--messages', '100', '--rate', '200', '--round-trips', '10',
-           '--failsafe-trials', '1', '--domain-id', str(BENCH_DOMAIN_ID)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
-                         env=_env(BENCH_DOMAIN_ID), cwd=REPO)
-    # Exit 1 only means a latency target was missed on this (shared, loaded) machine.
-    assert out.returncode in (0, 1), out.stderr
-    report = json.loads(out.stdout)
-    latency = report['decision_latency']
-    for label in ('core', 'core_with_message_conversion', 'node_callback',
-                  'node_end_to_end_transition'):
-        assert latency[label]['count'] > 0 and latency[label]['p99_ms'] >= latency[label][
-            'p50_ms'] > 0, label
-    # Perception is taken best-effort: a loaded machine may drop a few, never most.
-    assert 50 <= latency['node_callback']['count'] <= 100
-    failsafe = report['failsafe']
-    assert failsafe['bound_s'] == pytest.approx(0.55)
-    (trial,) = failsafe['trials']
-    assert trial['level_before'] == 3 and trial['reaction_s'] >= 0.5
-    assert report['meets_p99_target'] == (latency['node_callback']['p99_ms'] <= 1.0)
-    assert out.returncode == (0 if report['meets_p99_target'] and failsafe['within_bound']
-                              else 1)

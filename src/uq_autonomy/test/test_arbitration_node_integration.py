@@ -5,7 +5,9 @@ real topics, service and parameter services.
 Covers: uncertainty low/high drives AutonomyState and cmd_vel; silence drops to
 teleoperation within deadline + one period (measured and printed); the override service
 applies, refuses and expires; an operator timeout zeroes the command at levels 0-2; broken
-DetectionArray messages force teleoperation with a reason; parameter changes are validated.
+DetectionArray messages force teleoperation with a reason -- any invalid field, not only the
+driving signal, a bad stamp, too many detections; the ROS clock going backwards under
+use_sim_time resets the node; commands are clamped; parameter changes are validated.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from geometry_msgs.msg import Twist
 from rclpy.executors import SingleThreadedExecutor
@@ -25,12 +26,18 @@ from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.parameter_client import AsyncParameterClient
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.serialization import serialize_message
+from rclpy.time import Time
+from rosgraph_msgs.msg import Clock
 
-from uq_autonomy.arbitration_node import ArbitrationNode, ConfigurationError
+from uq_autonomy.arbitration_node import (
+    ArbitrationNode,
+    ConfigurationError,
+    peek_detection_array,
+)
 from uq_msgs.msg import AutonomyState, Detection, DetectionArray
 from uq_msgs.srv import SetAutonomyOverride
 
-DOMAIN_ID = 41
 TIMEOUT_S = 10.0
 STREAM_PERIOD_S = 0.05
 # Extra allowance on top of deadline + period for a loaded 2-core machine.
@@ -45,14 +52,6 @@ AUTONOMY = (0.4, 0.0, 0.0, 0.0, 0.0, -0.2)
 TELEOP, GUIDED, SHARED, ASSIST = 0, 1, 2, 3
 
 
-@pytest.fixture(scope='module')
-def context() -> Iterator[Any]:
-    ctx = rclpy.Context()
-    rclpy.init(context=ctx, domain_id=DOMAIN_ID)
-    try:
-        yield ctx
-    finally:
-        ctx.try_shutdown()
 
 
 def twist(values: tuple[float, ...]) -> Twist:
@@ -101,6 +100,10 @@ class Harness:
         self.operator: tuple[float, ...] | None = None
         self.autonomy: tuple[float, ...] | None = None
         self.last_frame_sent = math.nan
+        # Frames are stamped at publication: the peer's clock plus this offset, or, when
+        # sim_time is set, that simulated time (also published on /clock).
+        self.stamp_offset_s = 0.0
+        self.sim_time: float | None = None
 
         reliability = ReliabilityPolicy.RELIABLE if reliable_detections \
             else ReliabilityPolicy.BEST_EFFORT
@@ -108,6 +111,7 @@ class Harness:
             DetectionArray, 'detections', QoSProfile(depth=5, reliability=reliability))
         self.op_pub = self.peer.create_publisher(Twist, 'operator/cmd_vel', 10)
         self.auto_pub = self.peer.create_publisher(Twist, 'autonomy/cmd_vel', 10)
+        self.clock_pub = self.peer.create_publisher(Clock, '/clock', 10)
         self.peer.create_subscription(
             AutonomyState, 'autonomy_state', self._on_state,
             QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE,
@@ -140,7 +144,15 @@ class Harness:
             executor.spin_once(timeout_sec=0.05)
 
     def _stream(self) -> None:
+        if self.sim_time is not None:
+            self.sim_time += STREAM_PERIOD_S
+            self.clock_pub.publish(Clock(clock=Time(nanoseconds=int(self.sim_time * 1e9))
+                                         .to_msg()))
         if self.frame is not None:
+            now_ns = (int(self.sim_time * 1e9) if self.sim_time is not None
+                      else self.peer.get_clock().now().nanoseconds)
+            self.frame.header.stamp = Time(
+                nanoseconds=max(0, now_ns + int(self.stamp_offset_s * 1e9))).to_msg()
             self.det_pub.publish(self.frame)
             self.last_frame_sent = time.monotonic()
         if self.operator is not None:
@@ -213,11 +225,11 @@ class Harness:
 
 
 @pytest.fixture
-def harness(context: Any) -> Iterator[Callable[..., Harness]]:
+def harness(module_ros_context: Any) -> Iterator[Callable[..., Harness]]:
     made: list[Harness] = []
 
     def make(reliable_detections: bool = False, **params: Any) -> Harness:
-        made.append(Harness(context, params, reliable_detections))
+        made.append(Harness(module_ros_context, params, reliable_detections))
         return made[-1]
 
     yield make
@@ -329,7 +341,7 @@ def test_operator_timeout_zeroes_the_command_at_levels_0_to_2(harness):
 @pytest.mark.parametrize(('broken', 'needle'), [
     (frame(float('nan')), 'non-finite gp_variance'),
     (DetectionArray(class_names=['cup', 'box']), 'empty DetectionArray'),
-    (frame(0.05, width=-4.0), 'negative box size'),
+    (frame(0.05, width=-4.0), 'non-positive box size'),
     (frame(0.05, class_index=9), 'class_index 9'),
 ], ids=['nan', 'empty', 'negative-size', 'bad-class-index'])
 def test_broken_perception_forces_teleoperation_with_reason(harness, broken, needle):
@@ -341,6 +353,111 @@ def test_broken_perception_forces_teleoperation_with_reason(harness, broken, nee
     h.frame = broken
     _, state = h.wait_state(lambda s: s.level == TELEOP, 'fall-back', since=mark)
     assert state.perception_stale and needle in state.reason, state.reason
+
+
+def broken_field(signal: str, case: str) -> DetectionArray:
+    """A frame whose driving signal is fine but one other field is not."""
+    msg = frame(0.05)
+    d = msg.detections[0]
+    if case == 'other-signal-nan':
+        if signal == 'gp_variance':
+            d.uncertainty.mutual_information = float('nan')
+        else:
+            d.uncertainty.gp_variance = float('nan')
+    elif case == 'other-signal-negative':
+        if signal == 'gp_variance':
+            d.uncertainty.mutual_information = -1.0
+        else:
+            d.uncertainty.gp_variance = -5.0
+    elif case == 'probabilities-nan':
+        d.class_probabilities = [float('nan'), float('nan')]
+    elif case == 'score-nan':
+        d.score = float('nan')
+    elif case == 'class-index-without-names':
+        msg.class_names = []
+        d.class_probabilities = []
+        d.class_index = 99
+    msg.detections = [d]
+    return msg
+
+
+NEEDLES = {'other-signal-nan': 'non-finite', 'other-signal-negative': 'negative',
+           'probabilities-nan': 'non-finite class probability', 'score-nan': 'score nan',
+           'class-index-without-names': 'class_index 99'}
+
+
+@pytest.mark.parametrize('signal', ['gp_variance', 'mutual_information'])
+def test_an_invalid_field_besides_the_driving_signal_forces_teleoperation(harness, signal):
+    h = harness(min_dwell_s=0.05, uncertainty_signal=signal, diagnostics_period_s=0.2)
+    for case, needle in NEEDLES.items():
+        mark = h.mark()
+        h.frame = frame(0.005)
+        h.frame.detections[0].uncertainty.mutual_information = 0.001
+        h.wait_state(lambda s: s.level >= SHARED, f'climb before {case}', since=mark)
+        mark = h.mark()
+        h.frame = broken_field(signal, case)
+        _, state = h.wait_state(lambda s: s.level == TELEOP, f'fall-back on {case}', since=mark)
+        assert state.perception_stale and needle in state.reason, (case, state.reason)
+        # Held there while the broken frames keep coming (they would drive the level up if
+        # only the driving signal were read).
+        time.sleep(0.5)
+        assert all(s.level == TELEOP for _, s in h.states[mark:][1:]), case
+        diag = h.wait(lambda n=needle: next((s for d in h.diagnostics[-3:] for s in d.status
+                                             if n in s.message), None), f'diagnostics {case}')
+        assert diag.level != 0  # a warning, not OK
+
+
+@pytest.mark.parametrize(('offset_s', 'needle'), [
+    (-3600.0, 'old, more than max_frame_age_s'),
+    (3600.0, 'ahead of the clock'),
+    (-1e12, 'old, more than max_frame_age_s'),  # clamped to stamp 0
+], ids=['hour-old', 'hour-ahead', 'zero'])
+def test_badly_stamped_frames_force_teleoperation(harness, offset_s, needle):
+    h = harness(min_dwell_s=0.05)
+    h.frame = frame(0.05)
+    h.wait_state(lambda s: s.level >= SHARED, 'climb')
+    mark = h.mark()
+    h.stamp_offset_s = offset_s
+    _, state = h.wait_state(lambda s: s.level == TELEOP, 'fall-back', since=mark)
+    assert state.perception_stale and needle in state.reason, state.reason
+
+
+def test_oversized_frame_is_refused_without_decoding(harness):
+    h = harness(min_dwell_s=0.05, max_detections=50)
+    h.frame = frame(0.05)
+    h.wait_state(lambda s: s.level >= SHARED, 'climb')
+    mark = h.mark()
+    big = frame(0.05)
+    big.detections = big.detections * 51
+    h.frame = big
+    _, state = h.wait_state(lambda s: s.level == TELEOP, 'fall-back', since=mark)
+    assert '51 detections, more than max_detections 50' in state.reason
+
+
+def test_clock_going_backwards_under_sim_time_resets_and_recovers(harness):
+    h = harness(min_dwell_s=0.05, use_sim_time=True)
+    h.sim_time = 1000.0
+    h.frame = frame(0.05)
+    h.wait_state(lambda s: s.level >= SHARED, 'climb on simulated time')
+    mark = h.mark()
+    h.sim_time = 10.0  # the bag loops
+    _, state = h.wait_state(lambda s: s.level == TELEOP, 'reset', since=mark)
+    assert 'clock jumped back' in state.reason, state.reason
+    # The node keeps running and climbs again on the new time line.
+    h.wait_state(lambda s: s.level >= SHARED, 'climb after the loop', since=h.mark())
+
+
+def test_commands_sent_are_clamped_to_the_limits(harness):
+    h = harness(max_linear_speed=0.5, max_angular_speed=0.25, max_linear_accel=1.0,
+                max_angular_accel=1.0)
+    h.operator = (1.7e308, 0.0, 0.0, 0.0, 0.0, -1e300)
+    h.wait_cmd((0.5, 0.0, 0.0, 0.0, 0.0, -0.25), 'clamped operator command')
+    with h.lock:
+        cmds = [c for _, c in h.cmds]
+    assert all(math.hypot(*c[:3]) <= 0.5 + 1e-9 and math.hypot(*c[3:]) <= 0.25 + 1e-9
+               for c in cmds)
+    # Rate-limited: no step between consecutive commands above accel * (a generous period).
+    assert all(abs(b[0] - a[0]) <= 1.0 * 0.5 for a, b in zip(cmds, cmds[1:], strict=False))
 
 
 def test_parameter_changes_are_validated_over_the_parameter_service(harness):
@@ -369,10 +486,23 @@ def test_parameter_changes_are_validated_over_the_parameter_service(harness):
     assert list(state.down_thresholds) == pytest.approx([0.5, 0.3, 0.1])
 
 
-def test_invalid_overrides_refuse_to_construct(context):
+def test_invalid_overrides_refuse_to_construct(module_ros_context):
     with pytest.raises(ConfigurationError, match='down\\[0\\] > up\\[0\\]'):
-        ArbitrationNode(context=context, parameter_overrides=[
+        ArbitrationNode(context=module_ros_context, parameter_overrides=[
             Parameter('thresholds.gp_variance.down', value=[0.9, 0.8, 0.7])])
     with pytest.raises(ConfigurationError, match='target_class'):
-        ArbitrationNode(context=context, parameter_overrides=[
+        ArbitrationNode(context=module_ros_context, parameter_overrides=[
             Parameter('driving_detection', value='target_class')])
+
+
+@pytest.mark.parametrize('frame_id', ['', 'a', 'ab', 'abc', 'camera_optical_frame'])
+@pytest.mark.parametrize('count', [0, 1, 7])
+def test_peek_reads_stamp_and_count_of_real_serialized_messages(frame_id, count):
+    msg = frame(0.1)
+    msg.detections = msg.detections * count
+    msg.header.frame_id = frame_id
+    msg.header.stamp.sec, msg.header.stamp.nanosec = 1234, 500_000_000
+    data = serialize_message(msg)
+    assert peek_detection_array(data) == (pytest.approx(1234.5), count)
+    assert peek_detection_array(data[:10]) is None
+    assert peek_detection_array(b'\xff\xff' + data[2:]) is None  # unknown encapsulation

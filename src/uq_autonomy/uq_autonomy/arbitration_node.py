@@ -26,28 +26,21 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from geometry_msgs.msg import Twist
-from rcl_interfaces.msg import (
-    FloatingPointRange,
-    IntegerRange,
-    ParameterDescriptor,
-    ParameterType,
-    SetParametersResult,
-)
+from rcl_interfaces.msg import SetParametersResult
 from rclpy.clock import Clock, ClockType
 from rclpy.duration import Duration
 from rclpy.exceptions import ParameterException
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
-from rclpy.utilities import remove_ros_args
 
 from uq_autonomy.arbiter import Arbiter, ArbiterState, DetectionSummary, Level, Step
-from uq_autonomy.arbitration_params import NODE_NAME, PARAMETERS, ParamSpec, config_from_values
-from uq_autonomy.latency import LatencyWindow
+from uq_autonomy.arbitration_params import NODE_NAME, PARAMETERS, config_from_values
+from uq_common.node_main import node_argument_parser, run_node
+from uq_common.parameters import declare_parameters, plain_value
+from uq_common.rolling_stats import RollingStats
 from uq_msgs.msg import AutonomyState, DetectionArray
 from uq_msgs.srv import SetAutonomyOverride
 
@@ -79,37 +72,6 @@ OVERRIDE_SERVICE = 'set_autonomy_override'
 
 class ConfigurationError(ValueError):
     """The node's parameters are invalid; it refuses to start."""
-
-
-def _descriptor(spec: ParamSpec) -> ParameterDescriptor:
-    descriptor = ParameterDescriptor(description=spec.description, read_only=spec.read_only,
-                                     additional_constraints=spec.constraints)
-    default = spec.default
-    if isinstance(default, bool):
-        descriptor.type = ParameterType.PARAMETER_BOOL
-    elif isinstance(default, int):
-        descriptor.type = ParameterType.PARAMETER_INTEGER
-        if spec.minimum is not None and spec.maximum is not None:
-            descriptor.integer_range = [IntegerRange(
-                from_value=int(spec.minimum), to_value=int(spec.maximum), step=1)]
-    elif isinstance(default, float):
-        descriptor.type = ParameterType.PARAMETER_DOUBLE
-        if spec.minimum is not None and spec.maximum is not None:
-            descriptor.floating_point_range = [FloatingPointRange(
-                from_value=float(spec.minimum), to_value=float(spec.maximum), step=0.0)]
-    elif isinstance(default, str):
-        descriptor.type = ParameterType.PARAMETER_STRING
-    else:
-        # rclpy checks ranges of scalars only; config_from_values checks list elements.
-        descriptor.type = ParameterType.PARAMETER_DOUBLE_ARRAY
-    return descriptor
-
-
-def _plain(value: Any) -> Any:
-    # Double arrays arrive as array.array or numpy arrays depending on the source.
-    if isinstance(value, str | bool | int | float) or value is None:
-        return value
-    return [float(v) for v in value]
 
 
 def _twist_vector(msg: Twist) -> tuple[float, ...]:
@@ -145,8 +107,7 @@ class ArbitrationNode(Node):
     def __init__(self, node_name: str = NODE_NAME, **kwargs: Any) -> None:
         super().__init__(node_name, **kwargs)
         try:
-            self._declare_parameters()
-            values = self._parameter_values()
+            values = declare_parameters(self, PARAMETERS)
             config = config_from_values(values)
         except (ValueError, ParameterException) as err:
             self.get_logger().fatal(f'invalid configuration: {err}')
@@ -155,7 +116,7 @@ class ArbitrationNode(Node):
 
         self._lock = threading.Lock()
         self._arbiter = Arbiter(config, time.monotonic())
-        self._latency = LatencyWindow(4096)
+        self._latency = RollingStats(window=4096)
         self._last_state: ArbiterState | None = None
 
         self._cmd_pub = self.create_publisher(Twist, CMD_VEL_TOPIC, COMMAND_OUT_QOS)
@@ -193,25 +154,14 @@ class ArbitrationNode(Node):
 
     # -- parameters ---------------------------------------------------------------------
 
-    def _declare_parameters(self) -> None:
-        for spec in PARAMETERS:
-            self.declare_parameter(spec.name, spec.default, _descriptor(spec))
-        # A misspelt name in the parameters file would otherwise be silently ignored and
-        # leave a default threshold in force.
-        overrides = getattr(self, '_parameter_overrides', {})
-        unknown = sorted(name for name in overrides
-                         if not self.has_parameter(name) and not name.startswith('qos_overrides.'))
-        if unknown:
-            raise ValueError(f'unknown parameters for {self.get_name()}: {", ".join(unknown)}')
-
     def _parameter_values(self) -> dict[str, Any]:
-        return {spec.name: _plain(self.get_parameter(spec.name).value) for spec in PARAMETERS}
+        return {spec.name: plain_value(self.get_parameter(spec.name).value) for spec in PARAMETERS}
 
     def _validate_parameters(self, parameters: list[Parameter]) -> SetParametersResult:
         values = self._parameter_values()
         for parameter in parameters:
             if parameter.name in values:
-                values[parameter.name] = _plain(parameter.value)
+                values[parameter.name] = plain_value(parameter.value)
         try:
             config_from_values(values)
         except ValueError as err:
@@ -227,7 +177,7 @@ class ArbitrationNode(Node):
                 self._watchdog = self.create_timer(config.perception_deadline_s,
                                                    self._on_decision_tick, clock=self._steady)
             self._publish(self._arbiter.set_config(config, time.monotonic()))
-        names = ', '.join(f'{p.name}={_plain(p.value)!r}' for p in parameters)
+        names = ', '.join(f'{p.name}={plain_value(p.value)!r}' for p in parameters)
         self.get_logger().info(f'parameters updated: {names}')
 
     # -- inputs -------------------------------------------------------------------------
@@ -239,7 +189,7 @@ class ArbitrationNode(Node):
             self._publish(self._arbiter.observe(time.monotonic(), summaries,
                                                 len(msg.class_names)))
             self._watchdog.reset()
-        self._latency.add(time.perf_counter() - start)
+        self._latency.record_latency((time.perf_counter() - start) * 1e3)
 
     def _on_operator(self, msg: Twist) -> None:
         with self._lock:
@@ -287,7 +237,7 @@ class ArbitrationNode(Node):
             state = self._last_state
         if state is None:
             return
-        stats = self._latency.summary_ms()
+        stats = self._latency.latency_summary()
         status = DiagnosticStatus(
             level=DiagnosticStatus.WARN if state.perception_stale else DiagnosticStatus.OK,
             name=f'{self.get_name()}: arbitration', hardware_id=self.get_fully_qualified_name(),
@@ -354,7 +304,7 @@ class ArbitrationNode(Node):
     # -- introspection (benchmarks, tests) ----------------------------------------------
 
     @property
-    def decision_latency(self) -> LatencyWindow:
+    def decision_latency(self) -> RollingStats:
         """Processing time of each DetectionArray callback (conversion, decision, publish)."""
         return self._latency
 
@@ -365,48 +315,20 @@ class ArbitrationNode(Node):
             return self._arbiter.level
 
 
-def _build_argument_parser() -> argparse.ArgumentParser:
-    lines = ['parameters (set with --ros-args --params-file config/arbitration.yaml '
-             'or -p name:=value):']
-    for spec in PARAMETERS:
-        extra = f' [{spec.constraints}]' if spec.constraints else ''
-        fixed = ' (read-only)' if spec.read_only else ''
-        lines.append(f'  {spec.name} = {spec.default!r}{fixed}: {spec.description}{extra}')
-    lines += ['', f'topics: sub {DETECTIONS_TOPIC}, {OPERATOR_TOPIC}, {AUTONOMY_TOPIC}; '
-              f'pub {CMD_VEL_TOPIC}, {STATE_TOPIC}, /diagnostics; '
-              f'service {OVERRIDE_SERVICE}. Remap with --ros-args -r from:=to.']
-    return argparse.ArgumentParser(
-        prog='arbitration_node',
-        description='Shared-autonomy arbitration: perception uncertainty to a level of '
-                    'autonomy (teleoperation, guided, shared, assistance) and the robot '
-                    'command, with hysteresis and a fail-safe.',
-        epilog='\n'.join(lines), formatter_class=argparse.RawDescriptionHelpFormatter)
+def _argument_parser() -> argparse.ArgumentParser:
+    return node_argument_parser(
+        NODE_NAME,
+        'Shared-autonomy arbitration: perception uncertainty to a level of autonomy '
+        '(teleoperation, guided, shared, assistance) and the robot command, with hysteresis '
+        'and a fail-safe.', PARAMETERS, 'config/arbitration.yaml',
+        f'topics: sub {DETECTIONS_TOPIC}, {OPERATOR_TOPIC}, {AUTONOMY_TOPIC}; '
+        f'pub {CMD_VEL_TOPIC}, {STATE_TOPIC}, /diagnostics; '
+        f'service {OVERRIDE_SERVICE}. Remap with --ros-args -r from:=to.')
 
 
 def main(args: Sequence[str] | None = None) -> int:
     """Run the node until shut down; returns the exit code (1 for an invalid configuration)."""
-    argv = list(sys.argv if args is None else args)
-    _build_argument_parser().parse_args(remove_ros_args(argv)[1:])
-    rclpy.init(args=argv)
-    node: ArbitrationNode | None = None
-    try:
-        # The executor exists before the node can publish: a SIGINT arriving as soon as
-        # its latched state is seen then ends spin() cleanly instead of failing to build
-        # an executor on a context already shut down.
-        executor = SingleThreadedExecutor()
-        node = ArbitrationNode()
-        executor.add_node(node)
-        executor.spin()
-    except ConfigurationError as err:
-        print(f'arbitration_node: refusing to start: {err}', file=sys.stderr)
-        return 1
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        if node is not None:
-            node.destroy_node()
-        rclpy.try_shutdown()
-    return 0
+    return run_node(ArbitrationNode, _argument_parser(), args)
 
 
 if __name__ == '__main__':

@@ -2,16 +2,14 @@
 configuration.
 
 ROS-free so the table, the defaults and ``config/arbitration.yaml`` can be checked without a
-ROS context; ``arbitration_node.py`` turns each :class:`ParamSpec` into a
-``rcl_interfaces/ParameterDescriptor`` and validates every change with
-:func:`config_from_values`.
+ROS context; ``arbitration_node.py`` declares them through :mod:`uq_common.parameters` and
+validates every change with :func:`config_from_values` (per-value checks plus the rules
+across parameters).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,129 +20,82 @@ from uq_autonomy.arbiter import (
     Thresholds,
     UncertaintySignal,
 )
+from uq_common.parameters import ParameterSpec, ParameterValue, validate_value
 
 NODE_NAME = 'arbitration_node'
-
-ParamValue = bool | int | float | str | list[float]
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """One parameter: name, default (which also fixes its type), description and limits.
-
-    ``minimum``/``maximum`` bound a scalar (inclusive) or every element of a float list.
-    ``read_only`` parameters are fixed at start-up (they size timers).
-    """
-
-    name: str
-    default: ParamValue
-    description: str
-    minimum: float | None = None
-    maximum: float | None = None
-    read_only: bool = False
-    constraints: str = ''
-
 
 _DEFAULT = ArbiterConfig()
 _LEVELS = f'{NUM_LEVELS - 1} values, index i for the step between level i and i+1'
 
-PARAMETERS: tuple[ParamSpec, ...] = (
-    ParamSpec('uncertainty_signal', _DEFAULT.uncertainty_signal.value,
-              'Epistemic uncertainty of a detection that drives the level.',
-              constraints=' | '.join(m.value for m in UncertaintySignal)),
-    ParamSpec('driving_detection', _DEFAULT.driving_detection.value,
-              'Which detection of a frame drives the decision.',
-              constraints=' | '.join(m.value for m in DrivingDetection)),
-    ParamSpec('target_class', _DEFAULT.target_class,
-              "Class name followed when driving_detection is 'target_class'."),
-    ParamSpec('target_track_id', _DEFAULT.target_track_id,
-              "Track id followed when driving_detection is 'track_id'.",
-              minimum=-1, maximum=2**31 - 1),
-    ParamSpec('image_width', _DEFAULT.image_width,
-              "Image width in pixels, for driving_detection 'nearest_center'.",
-              minimum=1, maximum=100000),
-    ParamSpec('image_height', _DEFAULT.image_height,
-              "Image height in pixels, for driving_detection 'nearest_center'.",
-              minimum=1, maximum=100000),
-    ParamSpec('thresholds.gp_variance.up', list(_DEFAULT.gp_variance_thresholds.up),
-              'GP variance (logit^2) below which a step up from level i is allowed.',
-              minimum=0.0, constraints=f'{_LEVELS}; strictly decreasing; < down'),
-    ParamSpec('thresholds.gp_variance.down', list(_DEFAULT.gp_variance_thresholds.down),
-              'GP variance (logit^2) above which level i+1 steps down to i.',
-              minimum=0.0, constraints=f'{_LEVELS}; strictly decreasing; > up'),
-    ParamSpec('thresholds.mutual_information.up',
-              list(_DEFAULT.mutual_information_thresholds.up),
-              'Mutual information (nats) below which a step up from level i is allowed.',
-              minimum=0.0, constraints=f'{_LEVELS}; strictly decreasing; < down'),
-    ParamSpec('thresholds.mutual_information.down',
-              list(_DEFAULT.mutual_information_thresholds.down),
-              'Mutual information (nats) above which level i+1 steps down to i.',
-              minimum=0.0, constraints=f'{_LEVELS}; strictly decreasing; > up'),
-    ParamSpec('min_dwell_s', _DEFAULT.min_dwell_s,
-              'Seconds the step-up condition must hold, and minimum time between a level '
-              'change and the next step up.', minimum=0.0, maximum=600.0),
-    ParamSpec('perception_deadline_s', _DEFAULT.perception_deadline_s,
-              'Longest gap between valid DetectionArray messages before falling back to '
-              'teleoperation.', minimum=0.001, maximum=60.0,
-              constraints='>= decision_period_s'),
-    ParamSpec('operator_timeout_s', _DEFAULT.operator_timeout_s,
-              'Age after which the operator command counts as zero.',
-              minimum=0.001, maximum=60.0),
-    ParamSpec('autonomy_timeout_s', _DEFAULT.autonomy_timeout_s,
-              'Age after which the autonomy command counts as zero.',
-              minimum=0.001, maximum=60.0),
-    ParamSpec('operator_deadband', _DEFAULT.operator_deadband,
-              'At assistance, an operator command with any component above this magnitude '
-              '(m/s or rad/s) overrides the autonomy.', minimum=0.0, maximum=100.0),
-    ParamSpec('blend_alpha_min', _DEFAULT.blend_alpha_min,
-              'Autonomy weight at the shared level when confidence is lowest.',
-              minimum=0.0, maximum=1.0, constraints='<= blend_alpha_max'),
-    ParamSpec('blend_alpha_max', _DEFAULT.blend_alpha_max,
-              'Autonomy weight at the shared level when confidence is highest.',
-              minimum=0.0, maximum=1.0, constraints='>= blend_alpha_min'),
-    ParamSpec('decision_period_s', 0.05,
-              'Period of the decision timer: fail-safe checks, override expiry and cmd_vel '
-              'publication.', minimum=0.001, maximum=1.0, read_only=True),
-    ParamSpec('state_publish_period_s', 0.5,
-              'Period of the AutonomyState heartbeat (it is also published on every change).',
-              minimum=0.01, maximum=60.0, read_only=True),
-    ParamSpec('diagnostics_period_s', 1.0,
-              'Period of the /diagnostics status.', minimum=0.1, maximum=60.0,
-              read_only=True),
+PARAMETERS: tuple[ParameterSpec, ...] = (
+    ParameterSpec('uncertainty_signal', _DEFAULT.uncertainty_signal.value,
+                  'Epistemic uncertainty of a detection that drives the level.',
+                  choices=[m.value for m in UncertaintySignal]),
+    ParameterSpec('driving_detection', _DEFAULT.driving_detection.value,
+                  'Which detection of a frame drives the decision.',
+                  choices=[m.value for m in DrivingDetection]),
+    ParameterSpec('target_class', _DEFAULT.target_class,
+                  "Class name followed when driving_detection is 'target_class'."),
+    ParameterSpec('target_track_id', _DEFAULT.target_track_id,
+                  "Track id followed when driving_detection is 'track_id'.",
+                  min_value=-1, max_value=2**31 - 1),
+    ParameterSpec('image_width', _DEFAULT.image_width,
+                  "Image width in pixels, for driving_detection 'nearest_center'.",
+                  min_value=1, max_value=100000),
+    ParameterSpec('image_height', _DEFAULT.image_height,
+                  "Image height in pixels, for driving_detection 'nearest_center'.",
+                  min_value=1, max_value=100000),
+    ParameterSpec('thresholds.gp_variance.up', list(_DEFAULT.gp_variance_thresholds.up),
+                  'GP variance (logit^2) below which a step up from level i is allowed.',
+                  min_value=0.0, constraints=f'{_LEVELS}; strictly decreasing; < down'),
+    ParameterSpec('thresholds.gp_variance.down', list(_DEFAULT.gp_variance_thresholds.down),
+                  'GP variance (logit^2) above which level i+1 steps down to i.',
+                  min_value=0.0, constraints=f'{_LEVELS}; strictly decreasing; > up'),
+    ParameterSpec('thresholds.mutual_information.up',
+                  list(_DEFAULT.mutual_information_thresholds.up),
+                  'Mutual information (nats) below which a step up from level i is allowed.',
+                  min_value=0.0, constraints=f'{_LEVELS}; strictly decreasing; < down'),
+    ParameterSpec('thresholds.mutual_information.down',
+                  list(_DEFAULT.mutual_information_thresholds.down),
+                  'Mutual information (nats) above which level i+1 steps down to i.',
+                  min_value=0.0, constraints=f'{_LEVELS}; strictly decreasing; > up'),
+    ParameterSpec('min_dwell_s', _DEFAULT.min_dwell_s,
+                  'Seconds the step-up condition must hold, and minimum time between a level '
+                  'change and the next step up.', min_value=0.0, max_value=600.0),
+    ParameterSpec('perception_deadline_s', _DEFAULT.perception_deadline_s,
+                  'Longest gap between valid DetectionArray messages before falling back to '
+                  'teleoperation.', min_value=0.001, max_value=60.0,
+                  constraints='>= decision_period_s'),
+    ParameterSpec('operator_timeout_s', _DEFAULT.operator_timeout_s,
+                  'Age after which the operator command counts as zero.',
+                  min_value=0.001, max_value=60.0),
+    ParameterSpec('autonomy_timeout_s', _DEFAULT.autonomy_timeout_s,
+                  'Age after which the autonomy command counts as zero.',
+                  min_value=0.001, max_value=60.0),
+    ParameterSpec('operator_deadband', _DEFAULT.operator_deadband,
+                  'At assistance, an operator command with any component above this magnitude '
+                  '(m/s or rad/s) overrides the autonomy.', min_value=0.0, max_value=100.0),
+    ParameterSpec('blend_alpha_min', _DEFAULT.blend_alpha_min,
+                  'Autonomy weight at the shared level when confidence is lowest.',
+                  min_value=0.0, max_value=1.0, constraints='<= blend_alpha_max'),
+    ParameterSpec('blend_alpha_max', _DEFAULT.blend_alpha_max,
+                  'Autonomy weight at the shared level when confidence is highest.',
+                  min_value=0.0, max_value=1.0, constraints='>= blend_alpha_min'),
+    ParameterSpec('decision_period_s', 0.05,
+                  'Period of the decision timer: fail-safe checks, override expiry and cmd_vel '
+                  'publication.', min_value=0.001, max_value=1.0, read_only=True),
+    ParameterSpec('state_publish_period_s', 0.5,
+                  'Period of the AutonomyState heartbeat (it is also published on every change).',
+                  min_value=0.01, max_value=60.0, read_only=True),
+    ParameterSpec('diagnostics_period_s', 1.0,
+                  'Period of the /diagnostics status.', min_value=0.1, max_value=60.0,
+                  read_only=True),
 )
 
-SPECS: dict[str, ParamSpec] = {spec.name: spec for spec in PARAMETERS}
+SPECS: dict[str, ParameterSpec] = {spec.name: spec for spec in PARAMETERS}
 
 
-def _check_type(spec: ParamSpec, value: Any) -> None:
-    default = spec.default
-    if isinstance(default, bool):
-        ok = isinstance(value, bool)
-    elif isinstance(default, int):
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif isinstance(default, float):
-        ok = isinstance(value, float)
-    elif isinstance(default, str):
-        ok = isinstance(value, str)
-    else:
-        ok = isinstance(value, list | tuple) and all(isinstance(v, float) for v in value)
-    if not ok:
-        kind = 'list of floats' if isinstance(default, list) else type(default).__name__
-        raise ValueError(f'{spec.name} must be a {kind}, got {value!r}')
-
-
-def _check_range(spec: ParamSpec, value: Any) -> None:
-    values = list(value) if isinstance(value, list | tuple) else [value]
-    for v in values:
-        if isinstance(v, float) and not math.isfinite(v):
-            raise ValueError(f'{spec.name} must be finite, got {value!r}')
-        if spec.minimum is not None and v < spec.minimum:
-            raise ValueError(f'{spec.name} must be >= {spec.minimum:g}, got {value!r}')
-        if spec.maximum is not None and v > spec.maximum:
-            raise ValueError(f'{spec.name} must be <= {spec.maximum:g}, got {value!r}')
-
-
-def default_values() -> dict[str, ParamValue]:
+def default_values() -> dict[str, ParameterValue]:
     """Name to default value of every parameter."""
     return {spec.name: spec.default for spec in PARAMETERS}
 
@@ -175,8 +126,9 @@ def config_from_values(values: Mapping[str, Any]) -> ArbiterConfig:
     if missing:
         raise ValueError(f'missing parameters: {", ".join(missing)}')
     for name, value in values.items():
-        _check_type(SPECS[name], value)
-        _check_range(SPECS[name], value)
+        error = validate_value(SPECS[name], value)
+        if error:
+            raise ValueError(error)
     if values['perception_deadline_s'] < values['decision_period_s']:
         raise ValueError(
             'perception_deadline_s must be >= decision_period_s (the fail-safe is checked '

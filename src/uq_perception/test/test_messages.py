@@ -8,7 +8,7 @@ from std_msgs.msg import Header
 
 from uq_perception.detector import Detections
 from uq_perception.messages import DetectionArrayBuilder, detection_array_message
-from uq_perception.ntk_gp import UncertaintyOutput
+from uq_perception.ntk import UncertaintyOutput
 from uq_perception.perception import FrameResult
 
 CLASSES = ['box', 'sphere', 'mug']

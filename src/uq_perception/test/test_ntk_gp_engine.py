@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from uq_perception.ntk_gp import (
+from uq_perception.ntk import (
     Gating,
     LastLayerNTKGP,
     NTKGPConfig,
@@ -251,7 +251,7 @@ def test_save_load_round_trip_and_validation(tmp_path, data):
 def _rewrite(path, out, **changes):
     """Copy a saved state with changed fields, re-signed so that the checks behind the
     checksum are what is exercised."""
-    from uq_perception.ntk_gp import _arrays_digest
+    from uq_perception.ntk import arrays_digest
     with np.load(path) as archive:
         arrays = {k: archive[k] for k in archive.files}
     import json
@@ -261,7 +261,7 @@ def _rewrite(path, out, **changes):
             meta[key] = value
         else:
             arrays[key] = value
-    meta['digest'] = _arrays_digest({k: v for k, v in arrays.items() if k != 'meta'})
+    meta['digest'] = arrays_digest({k: v for k, v in arrays.items() if k != 'meta'})
     arrays['meta'] = np.array(json.dumps(meta))
     with open(out, 'wb') as handle:
         np.savez(handle, **arrays)
@@ -326,7 +326,7 @@ def test_bad_inputs_raise_specific_errors(data):
 def test_near_singular_precision_gets_jitter_and_a_warning(data, caplog):
     x, y, w, b = data
     gp = LastLayerNTKGP(w, b).fit(x[:4], y[:4])
-    with caplog.at_level(logging.WARNING, logger='uq_perception.ntk_gp'):
+    with caplog.at_level(logging.WARNING, logger='uq_perception.ntk'):
         gp.set_hyperparameters(sigma2=1e-6, delta=1e-14)
     assert 'near-singular' in caplog.text
     out = gp.predict(np.concatenate([x[:4], 100.0 * x[4:8]]))

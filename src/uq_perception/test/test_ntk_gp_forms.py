@@ -8,8 +8,15 @@ import pytest
 import torch
 from torch import nn
 
-from uq_perception.ntk_function_space import FunctionSpaceNTKGP, ParameterSubset, centred_basis
-from uq_perception.ntk_gp import Gating, LastLayerNTKGP, NTKGPConfig, log_marginal_likelihood
+from uq_perception.ntk import (
+    FunctionSpaceNTKGP,
+    Gating,
+    LastLayerNTKGP,
+    NTKGPConfig,
+    ParameterSubset,
+    centred_basis,
+    log_marginal_likelihood,
+)
 
 D, C, N = 5, 3, 48
 
@@ -150,7 +157,7 @@ def test_shared_noise_maximises_the_summed_expert_evidence(problem):
 
 def test_function_space_caps_experts_and_validates(problem, caplog):
     model, inputs, queries, _, _, labels, _ = problem
-    with caplog.at_level(logging.WARNING, logger='uq_perception.ntk_function_space'):
+    with caplog.at_level(logging.WARNING, logger='uq_perception.ntk'):
         gp = FunctionSpaceNTKGP(model, max_system_size=10 * C).fit(inputs, labels)
     assert 'capped to 10' in caplog.text
     assert gp._experts[0]['jac'].shape == (10, C, C * (D + 1))

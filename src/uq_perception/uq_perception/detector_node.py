@@ -25,41 +25,25 @@ Topics (relative names, remap as usual):
 Threads: the image subscription lives on a private input node,
 ``<name>_image_input`` in the same namespace (:class:`ImageInputThread`), served by a
 dedicated thread that waits on that subscription alone, then converts, infers and
-publishes. The detector's executor thread therefore stays free for parameters,
-lifecycle services and diagnostics whatever inference costs, which is why DESIGN.md asks
-for inference in its own callback group on a multi-threaded executor; a frame that arrives
-while one is being processed waits in the depth-1 DDS queue, where a newer one replaces it
-(counted as dropped from the publisher's sequence numbers). Three measured reasons for not
-using rclpy's MultiThreadedExecutor (Jazzy), a hand-off queue between the executor and an
-inference thread, or an executor for the image subscription at all:
-
-- the MultiThreadedExecutor delays callbacks when the CPU is busy: from a frame's DDS
-  reception to the start of its callback it took 8-9 ms against 0.7-1.0 ms for the
-  SingleThreadedExecutor with both cores loaded by other work (1.1-1.3 vs 0.9-1.0 ms idle),
-  measured in one process with a 320x240 image subscription;
-- a hand-off from the detector's executor to an inference thread cost 0.5-0.6 ms per frame
-  (`uq bench node`, idle), most likely the inference thread waiting for the GIL until the
-  executor thread, busy in Python after the callback, got back to its wait set;
-- a SingleThreadedExecutor of its own took longer from a frame's DDS reception to its
-  callback than waiting on the subscription directly (:class:`ImageInputThread`): 0.5-0.7
-  ms longer with both cores busy, 0.15-0.2 ms longer on an idle machine (`uq bench node`,
-  ``node_dispatch_p50_ms`` 0.5-0.7 ms before, 0.35-0.48 ms after).
+publishes. The detector's executor thread therefore stays free for parameters, lifecycle
+services and diagnostics whatever inference costs (DESIGN.md's reason for a separate
+inference callback group); a frame that arrives while one is being processed waits in the
+depth-1 DDS queue, where a newer one replaces it (counted as dropped from the publisher's
+sequence numbers). docs/performance.md gives the measurements behind this choice over
+rclpy's executors.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import SetParametersResult
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.node import Node
@@ -71,24 +55,25 @@ from rclpy.qos import (
     ReliabilityPolicy,
     qos_profile_sensor_data,
 )
-from rclpy.utilities import remove_ros_args
 from sensor_msgs.msg import CameraInfo, Image
 from visualization_msgs.msg import MarkerArray
 
+from uq_common.image_codec import ImageFormatError, image_to_rgb, rgb_to_image_fields
+from uq_common.node_main import node_argument_parser, run_node
+from uq_common.parameters import ParameterSpec, declare_parameters, first_invalid
+from uq_common.rolling_stats import RollingStats
 from uq_msgs.msg import DetectionArray
 from uq_perception.backends import BackendKind
-from uq_perception.image_codec import ImageFormatError, image_to_rgb, rgb_to_image_fields
 from uq_perception.messages import DetectionArrayBuilder, marker_array_message
-from uq_perception.parameters import ParameterSpec, declare_parameters, first_invalid
-from uq_perception.runtime_stats import RollingStats
+from uq_perception.model_files import default_detector_path, default_gp_path
 
 NODE_NAME = 'detector_node'
-WORKSPACE_MODELS = Path(__file__).resolve().parents[3] / 'models'
 
 PARAMETERS = [
-    ParameterSpec('model_path', str(WORKSPACE_MODELS / 'detector.pt'),
-                  'Detector weights (uq_perception CenterNet file).', read_only=True),
-    ParameterSpec('gp_path', str(WORKSPACE_MODELS / 'detector_gp.npz'),
+    ParameterSpec('model_path', str(default_detector_path()),
+                  'Detector weights (uq_perception CenterNet file); default: the shipped '
+                  'model (share/uq_perception/models, or $UQ_MODEL_DIR).', read_only=True),
+    ParameterSpec('gp_path', str(default_gp_path()),
                   'NTK-GP artefact fitted for these weights.', read_only=True),
     ParameterSpec('backend', BackendKind.PYTORCH_CPU.value,
                   'Inference backend.', choices=[k.value for k in BackendKind], read_only=True),
@@ -132,11 +117,9 @@ class ImageInputThread:
     otherwise give it the owner's name); it subscribes to the topic the owner resolves
     ``topic`` to, so the owner's remappings apply. The private node is in no executor:
     the thread waits on the subscription alone and takes each message itself, with
-    rclpy's wait-set primitive (the one ``rclpy.wait_for_message`` is built on). Measured
-    side by side with a 320x240 ``Image``, DDS reception to callback took 0.33-0.45 ms
-    this way against 0.96-1.00 ms for a ``SingleThreadedExecutor`` spinning the same
-    subscription (both cores busy with other work): the executor rebuilds and scans its
-    whole wait set in Python for every message.
+    rclpy's wait-set primitive (the one ``rclpy.wait_for_message`` is built on): an
+    executor rebuilds and scans its whole wait set in Python for every message, which
+    costs more than the message itself (docs/performance.md).
 
     Parameters
     ----------
@@ -242,7 +225,8 @@ class DetectorNode(LifecycleNode):
                                                            reliable),
         }
         self.get_logger().info(
-            f'configured: model {self._model_id} on {self._params["backend"]} '
+            f'configured: model {self._model_id} from {self._params["model_path"]} on '
+            f'{self._params["backend"]} '
             f'({self._device}), classes {self._perception.gp.class_names}')
         return TransitionCallbackReturn.SUCCESS
 
@@ -292,7 +276,7 @@ class DetectorNode(LifecycleNode):
         from uq_perception.backends import create_backend
         from uq_perception.detector import load_detector
         from uq_perception.memory_tuning import retain_freed_memory
-        from uq_perception.ntk_gp import LastLayerNTKGP
+        from uq_perception.ntk import LastLayerNTKGP
         from uq_perception.perception import UncertaintyPerception
         from uq_perception.tracking import IoUTracker
 
@@ -448,31 +432,14 @@ class DetectorNode(LifecycleNode):
         self._outputs['diagnostics'].publish(array)
 
 
-def main(args: list[str] | None = None) -> None:
-    argv = sys.argv if args is None else args
-    parser = argparse.ArgumentParser(
-        prog=NODE_NAME, description=__doc__.split('\n\n')[0],
-        epilog='Parameters (set with --ros-args -p name:=value or --params-file '
-               'config/detector.yaml): ' + '; '.join(
-                   f'{s.name} (default {s.default!r}): {s.description}' for s in PARAMETERS))
-    parser.parse_args(remove_ros_args(argv)[1:])
-    rclpy.init(args=argv)
-    node = None
-    try:
-        executor = SingleThreadedExecutor()
-        node = DetectorNode()
-        executor.add_node(node)
-        executor.spin()
-    except ValueError as exc:
-        print(f'{NODE_NAME}: {exc}', file=sys.stderr)
-        sys.exit(2)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        if node is not None:
-            node.destroy_node()
-        rclpy.try_shutdown()
+def main(args: list[str] | None = None) -> int:
+    """Run the node until shut down; returns the exit code (1 for an invalid configuration)."""
+    parser = node_argument_parser(
+        NODE_NAME, __doc__.split('\n\n')[0], PARAMETERS, 'config/detector.yaml',
+        'topics: sub image, camera_info; pub detections, overlay, markers, /diagnostics. '
+        'Remap with --ros-args -r from:=to.')
+    return run_node(DetectorNode, parser, args)
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())

@@ -4,9 +4,9 @@ A CPU forward pass of the detector allocates feature maps of a few megabytes. gl
 ``malloc`` may serve such blocks with fresh ``mmap`` pages (``M_MMAP_THRESHOLD``) and give
 memory back to the kernel on ``free`` (``M_TRIM_THRESHOLD``), so at camera rate, with idle
 time between frames, the next forward pass touches new pages and pays the page faults.
-Measured with ``uq bench node`` here: the node's forward took 21 ms with the defaults and
-15 ms with both thresholds raised (PyTorch's CPU performance guide addresses the same
-effect with jemalloc/tcmalloc or these ``MALLOC_*`` settings). Raising both keeps at most
+Raising both thresholds (PyTorch's CPU performance guide addresses the same effect with
+jemalloc/tcmalloc or these ``MALLOC_*`` settings; docs/performance.md has the measured
+gain) keeps at most
 ``threshold_bytes`` of freed memory in the process for the next frame.
 """
 

@@ -56,10 +56,9 @@ class DetectionArrayBuilder:
     """Builds :func:`detection_array_message` into the same message objects frame after frame.
 
     For a publisher that serialises each message before the next is built (rclpy's
-    ``publish`` converts it on the spot): constructing the nested messages was two thirds
-    of the cost of building one, 0.21 of 0.31 ms for six detections right after a forward
-    pass; reusing them, a build took 0.19-0.20 ms against 0.28 ms, timed side by side after
-    forward passes. The returned message is only valid until the next :meth:`build`.
+    ``publish`` converts it on the spot): constructing the nested messages is most of the
+    cost of building one (docs/performance.md). The returned message is only valid until
+    the next :meth:`build`.
     """
 
     def __init__(self) -> None:

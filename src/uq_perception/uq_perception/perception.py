@@ -14,7 +14,7 @@ import numpy as np
 
 from uq_perception.backends import InferenceBackend
 from uq_perception.detector import Detections
-from uq_perception.ntk_gp import LastLayerNTKGP, UncertaintyOutput
+from uq_perception.ntk import LastLayerNTKGP, UncertaintyOutput
 from uq_perception.tracking import IoUTracker
 
 

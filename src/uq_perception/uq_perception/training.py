@@ -1,18 +1,15 @@
-"""Training of the CenterNet detector and fitting of its NTK-GP (ROS-free; ``uq train``).
+"""Training of the CenterNet detector and fitting of its NTK-GP (ROS-free).
 
-``uq train --data DIR --out models/`` trains the detector on ``DIR/train`` (CPU, fixed
-seed), checks it on ``DIR/val``, extracts the embeddings of the known objects of
-``DIR/train`` (from the detections that find them, as at inference), fits the
-last-layer NTK-GP on the classification head, chooses the gating
-(number of experts) on held-out validation NLL, calibrates the probit factor, temperature
-and OOD threshold on ``DIR/val``, and writes ``detector.pt`` and ``detector_gp.npz`` with a
-shared model id. ``--generate-data N`` renders the simulator dataset into ``DIR`` first, so
-one command reproduces both files from scratch.
+:func:`run_training` (behind ``uq train --data DIR --out models/``) trains the detector on
+``DIR/train`` (CPU, fixed seed), checks it on ``DIR/val``, extracts the embeddings of the
+known objects of ``DIR/train`` (from the detections that find them, as at inference), fits
+the last-layer NTK-GP on the classification head, chooses the gating (number of experts)
+on held-out validation NLL, calibrates the probit factor, temperature and OOD threshold on
+``DIR/val``, and writes ``detector.pt`` and ``detector_gp.npz`` with a shared model id.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -23,15 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from uq_perception.model_files import DETECTOR_FILE, GP_FILE
+
 if TYPE_CHECKING:
     import torch
 
     from uq_perception.detector import CenterNetDetector
     from uq_perception.detector_data import DetectionSplit, Targets
-    from uq_perception.ntk_gp import LastLayerNTKGP
+    from uq_perception.ntk import LastLayerNTKGP
 
-DETECTOR_FILE = 'detector.pt'
-GP_FILE = 'detector_gp.npz'
 # Validation NLLs closer than this count as equal; the gating with fewer experts wins.
 NLL_TIE = 1e-3
 
@@ -295,12 +292,12 @@ def object_embeddings(model: CenterNetDetector, split: DetectionSplit,
     from tqdm import tqdm
 
     from uq_perception.detection_metrics import match_detections
-    from uq_perception.detector_data import build_targets, images_to_tensor
-    from uq_perception.detector_eval import (
+    from uq_perception.detection_scoring import (
         AP_MAX_DETECTIONS,
         AP_SCORE_THRESHOLD,
         IOU_THRESHOLD,
     )
+    from uq_perception.detector_data import build_targets, images_to_tensor
 
     features, labels = [], []
     was_training = model.training
@@ -365,7 +362,7 @@ def fit_gp(model: CenterNetDetector, model_id: str, train_features: np.ndarray,
         ``(gating, num_experts)`` pairs; class gating uses one expert per class (pass 0).
     """
     from uq_perception.metrics import nll
-    from uq_perception.ntk_gp import Gating, LastLayerNTKGP, NTKGPConfig
+    from uq_perception.ntk import Gating, LastLayerNTKGP, NTKGPConfig
 
     if len(val_labels) < 4:
         raise ValueError('need at least 4 validation objects to choose the GP gating')
@@ -470,7 +467,7 @@ def run_training(data: Path, out: Path, config: TrainConfig, progress: bool = Tr
     model, history = train_detector(train, config, progress=progress, log=log)
     train_seconds = time.time() - started
 
-    from uq_perception.detector_eval import evaluate_detection
+    from uq_perception.detection_scoring import evaluate_detection
 
     val_metrics = evaluate_detection(model, val, progress=progress)
     log(f'validation AP@0.5 {val_metrics["ap50_mean"]:.4f} '
@@ -499,63 +496,3 @@ def run_training(data: Path, out: Path, config: TrainConfig, progress: bool = Tr
     log(f'wrote {out / DETECTOR_FILE} and {out / GP_FILE} (model id {model_id}) in '
         f'{summary["total_seconds"]:.0f} s')
     return summary
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    """Train the detector on a simulator dataset and fit its NTK-GP."""
-    defaults = TrainConfig()
-    parser.add_argument('--data', type=Path, required=True,
-                        help='dataset directory with train/ and val/ (from `uq sim dataset`)')
-    parser.add_argument('--out', type=Path, default=Path('models'),
-                        help=f'directory for {DETECTOR_FILE} and {GP_FILE}')
-    parser.add_argument('--generate-data', type=int, metavar='N', default=None,
-                        help='first render an N-image simulator dataset into --data')
-    parser.add_argument('--data-seed', type=int, default=0,
-                        help='seed of the generated dataset (with --generate-data)')
-    parser.add_argument('--workers', type=int, default=2,
-                        help='rendering processes (with --generate-data)')
-    parser.add_argument('--epochs', type=int, default=defaults.epochs)
-    parser.add_argument('--batch-size', type=int, default=defaults.batch_size)
-    parser.add_argument('--lr', type=float, default=defaults.learning_rate)
-    parser.add_argument('--embedding-dim', type=int, default=defaults.embedding_dim)
-    parser.add_argument('--outlier-weight', type=float, default=defaults.outlier_weight,
-                        help='outlier exposure on auxiliary objects (0: off)')
-    parser.add_argument('--separation-weight', type=float,
-                        default=defaults.separation_weight,
-                        help='auxiliary-vs-known embedding separation (0: off)')
-    parser.add_argument('--compactness-weight', type=float,
-                        default=defaults.compactness_weight,
-                        help='pull known embeddings towards their class head row (0: off)')
-    parser.add_argument('--seed', type=int, default=defaults.seed)
-    parser.add_argument('--threads', type=int, default=defaults.threads,
-                        help='torch CPU threads')
-    parser.add_argument('--max-images', type=int, default=None,
-                        help='use only the first images of each split (quick runs)')
-    parser.add_argument('--gp-only', action='store_true',
-                        help=f'keep the trained --out/{DETECTOR_FILE}, fit only its NTK-GP')
-    parser.add_argument('--no-progress', action='store_true', help='hide progress bars')
-    parser.set_defaults(run=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size,
-                         learning_rate=args.lr, embedding_dim=args.embedding_dim,
-                         outlier_weight=args.outlier_weight,
-                         separation_weight=args.separation_weight,
-                         compactness_weight=args.compactness_weight,
-                         seed=args.seed, threads=args.threads)
-    if args.gp_only:
-        summary = refit_gp(args.data, args.out, seed=args.seed, threads=args.threads,
-                           progress=not args.no_progress, max_images=args.max_images)
-        print(json.dumps(summary, indent=1))
-        return 0
-    if args.generate_data is not None:
-        from uq_sim.dataset import generate_dataset
-
-        generate_dataset(args.data, args.generate_data, seed=args.data_seed,
-                         workers=args.workers, progress=not args.no_progress)
-    summary = run_training(args.data, args.out, config, progress=not args.no_progress,
-                           max_images=args.max_images)
-    print(json.dumps({k: summary[k] for k in ('model_id', 'validation', 'gp',
-                                              'train_seconds', 'total_seconds')}, indent=1))
-    return 0

@@ -18,29 +18,20 @@ from uq_sim.objects import KNOWN_CLASSES
 from uq_sim.sim_camera_node import SimCameraNode
 
 # Private to this module (the cross-package tests use 100..199).
-DOMAIN_ID = 47
 
 
-@pytest.fixture
-def context():
-    ctx = rclpy.Context()
-    rclpy.init(context=ctx, domain_id=DOMAIN_ID)
-    try:
-        yield ctx
-    finally:
-        ctx.try_shutdown()
 
 
 def _stamp(msg) -> tuple[int, int]:
     return msg.header.stamp.sec, msg.header.stamp.nanosec
 
 
-def test_publishes_images_camera_info_and_ground_truth_with_the_same_stamp(context):
+def test_publishes_images_camera_info_and_ground_truth_with_the_same_stamp(ros_context):
     # Start at 19 s of the demo: the known objects and three unknown ones are on the table.
-    node = SimCameraNode(context=context, parameter_overrides=[
+    node = SimCameraNode(context=ros_context, parameter_overrides=[
         Parameter('rate_hz', value=10.0), Parameter('start_time', value=19.0),
         Parameter('loop', value=False)])
-    listener = rclpy.create_node('sim_camera_test_listener', context=context)
+    listener = rclpy.create_node('sim_camera_test_listener', context=ros_context)
     images: dict = {}
     infos: dict = {}
     truths: dict = {}
@@ -51,7 +42,7 @@ def test_publishes_images_camera_info_and_ground_truth_with_the_same_stamp(conte
                                  lambda m: infos.setdefault(_stamp(m), m), best_effort)
     listener.create_subscription(DetectionArray, 'ground_truth',
                                  lambda m: truths.setdefault(_stamp(m), m), 10)
-    executor = SingleThreadedExecutor(context=context)
+    executor = SingleThreadedExecutor(context=ros_context)
     executor.add_node(node)
     executor.add_node(listener)
     try:
@@ -92,13 +83,13 @@ def test_publishes_images_camera_info_and_ground_truth_with_the_same_stamp(conte
             assert 0 <= d.center_y - d.height / 2 and d.center_y + d.height / 2 <= 240
 
 
-def test_invalid_parameters_are_rejected_at_start_and_at_runtime(context):
+def test_invalid_parameters_are_rejected_at_start_and_at_runtime(ros_context):
     # rclpy enforces the declared range itself; the other checks raise ValueError.
     with pytest.raises(InvalidParameterValueException):
-        SimCameraNode(context=context, parameter_overrides=[Parameter('rate_hz', value=0.0)])
+        SimCameraNode(context=ros_context, parameter_overrides=[Parameter('rate_hz', value=0.0)])
     with pytest.raises(ValueError, match='frame_id'):
-        SimCameraNode(context=context, parameter_overrides=[Parameter('frame_id', value='')])
-    node = SimCameraNode(context=context, parameter_overrides=[Parameter('rate_hz', value=5.0)])
+        SimCameraNode(context=ros_context, parameter_overrides=[Parameter('frame_id', value='')])
+    node = SimCameraNode(context=ros_context, parameter_overrides=[Parameter('rate_hz', value=5.0)])
     try:
         result = node.set_parameters([Parameter('min_visible_fraction', value=1.5)])[0]
         assert not result.successful and 'min_visible_fraction' in result.reason

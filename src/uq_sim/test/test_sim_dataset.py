@@ -115,7 +115,7 @@ def test_cli_writes_the_same_dataset(dataset, tmp_path):
     out, _ = dataset
     cli = tmp_path / 'cli'
     proc = subprocess.run(
-        [sys.executable, '-m', 'uq_perception.cli', 'sim', 'dataset', '--out', str(cli),
+        [sys.executable, '-m', 'uq_common.cli', 'sim', 'dataset', '--out', str(cli),
          '--n', '8', '--seed', '3', '--splits', 'test_unknown', '--no-progress'],
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -18,25 +18,21 @@ Topic names are relative: remap with ``--ros-args -r image:=/camera/image_raw``.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from typing import Any
 
-import rclpy
 from rcl_interfaces.msg import SetParametersResult
-from rclpy.exceptions import ParameterException
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.time import Time
-from rclpy.utilities import remove_ros_args
 from sensor_msgs.msg import CameraInfo, Image
 from std_msgs.msg import Header
 
+from uq_common.image_codec import rgb_to_image_fields
+from uq_common.node_main import node_argument_parser, run_node
+from uq_common.parameters import ParameterSpec, declare_parameters, first_invalid
 from uq_msgs.msg import Detection, DetectionArray
-from uq_perception.image_codec import rgb_to_image_fields
-from uq_perception.parameters import ParameterSpec, declare_parameters, first_invalid
 from uq_sim.objects import KNOWN_CLASSES
 from uq_sim.scenario import SCENARIO_NAMES, get_scenario
 
@@ -166,32 +162,13 @@ class SimCameraNode(Node):
         super().destroy_node()
 
 
-def main(args: list[str] | None = None) -> None:
+def main(args: list[str] | None = None) -> int:
     """Run the node (``--help`` lists the parameters without starting ROS)."""
-    argv = sys.argv if args is None else args
-    parser = argparse.ArgumentParser(
-        prog=NODE_NAME, description=__doc__.split('\n\n')[0],
-        epilog='Parameters (set with --ros-args -p name:=value or --params-file '
-               'config/sim_camera.yaml): ' + '; '.join(
-                   f'{s.name} (default {s.default!r}): {s.description}' for s in PARAMETERS))
-    parser.parse_args(remove_ros_args(argv)[1:])
-    rclpy.init(args=argv)
-    node = None
-    try:
-        executor = SingleThreadedExecutor()
-        node = SimCameraNode()
-        executor.add_node(node)
-        executor.spin()
-    except (ValueError, ParameterException) as exc:
-        print(f'{NODE_NAME}: {exc}', file=sys.stderr)
-        sys.exit(2)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        if node is not None:
-            node.destroy_node()
-        rclpy.try_shutdown()
+    parser = node_argument_parser(
+        NODE_NAME, __doc__.split('\n\n')[0], PARAMETERS, 'config/sim_camera.yaml',
+        'topics: pub image, camera_info, ground_truth. Remap with --ros-args -r from:=to.')
+    return run_node(SimCameraNode, parser, args)
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())

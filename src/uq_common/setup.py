@@ -1,0 +1,28 @@
+from setuptools import find_packages, setup
+
+PACKAGE = 'uq_common'
+
+setup(
+    name=PACKAGE,
+    version='0.1.0',
+    packages=find_packages(exclude=['test']),
+    data_files=[
+        ('share/ament_index/resource_index/packages', [f'resource/{PACKAGE}']),
+        (f'share/{PACKAGE}', ['package.xml']),
+    ],
+    install_requires=['setuptools'],
+    zip_safe=True,
+    maintainer='UQ Autonomy Team',
+    maintainer_email='team@uq-autonomy.dev',
+    description='The uq command host, parameter specs, rolling statistics, image conversion.',
+    license='Apache-2.0',
+    entry_points={
+        'console_scripts': [
+            'uq = uq_common.cli:main',
+        ],
+        # Subcommands of `uq` (uq_common.cli): the name is the command path with dots
+        # ("bench.gp" is `uq bench gp`), the value a function that fills an argparse parser.
+        'uq.commands': [
+        ],
+    },
+)

@@ -1,0 +1,229 @@
+"""`uq bench mnist`: data loading, building blocks and the reduced end-to-end run."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from uq_common import cli
+from uq_eval.mnist_benchmark_pipeline import (
+    METHOD_LABELS,
+    BenchmarkConfig,
+    Method,
+    fit_temperature,
+)
+from uq_eval.mnist_cnn import SmallCNN, mc_dropout_probabilities, to_tensor
+from uq_eval.mnist_data import (
+    OOD_SETS,
+    default_data_dir,
+    load_benchmark_data,
+    read_idx,
+    read_npz_images,
+    write_idx,
+)
+
+SHARED_DATA = Path(__file__).resolve().parents[3] / '..' / 'shared' / 'data'
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    # Two threads on a busy 2-core machine spin against each other; restore afterwards so
+    # other tests keep the process default.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def _write_synthetic(root: Path, n_train: int = 2600, n_test: int = 600) -> None:
+    """A tiny dataset in the benchmark layout: a bright square whose position is the digit."""
+    rng = np.random.default_rng(0)
+
+    def digits(n: int) -> tuple[np.ndarray, np.ndarray]:
+        labels = rng.integers(0, 10, n).astype(np.uint8)
+        images = rng.integers(0, 40, (n, 28, 28)).astype(np.uint8)
+        for i, label in enumerate(labels):
+            r, c = divmod(int(label), 5)
+            images[i, 4 + 10 * r:12 + 10 * r, 1 + 5 * c:6 + 5 * c] = 250
+        # Relabel 10 %, so that even a perfect classifier makes mistakes to detect.
+        noisy = rng.random(n) < 0.1
+        labels[noisy] = rng.integers(0, 10, int(noisy.sum()))
+        return images, labels
+
+    (root / 'mnist').mkdir(parents=True)
+    for split, n in (('train', n_train), ('t10k', n_test)):
+        images, labels = digits(n)
+        write_idx(root / 'mnist' / f'{split}-images-idx3-ubyte.gz', images)
+        write_idx(root / 'mnist' / f'{split}-labels-idx1-ubyte.gz', labels)
+    for alternatives in OOD_SETS.values():
+        path = root / alternatives[0]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_idx(path, rng.integers(0, 256, (n_test, 28, 28)).astype(np.uint8))
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    """The shared MNIST data when complete, else a synthetic set in the same layout."""
+    try:
+        load_benchmark_data(SHARED_DATA)
+        return SHARED_DATA
+    except FileNotFoundError:
+        _write_synthetic(tmp_path / 'data')
+        return tmp_path / 'data'
+
+
+# --------------------------------------------------------------------------- data
+
+
+def test_idx_round_trip_gzipped_and_plain(tmp_path: Path) -> None:
+    images = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    write_idx(tmp_path / 'a-idx3-ubyte.gz', images)
+    write_idx(tmp_path / 'b-idx3-ubyte', images)
+    with gzip.open(tmp_path / 'a-idx3-ubyte.gz', 'rb') as f:
+        assert f.read(4) == bytes([0, 0, 8, 3])  # magic 2051: ubyte, 3 dimensions
+    np.testing.assert_array_equal(read_idx(tmp_path / 'a-idx3-ubyte.gz'), images)
+    np.testing.assert_array_equal(read_idx(tmp_path / 'b-idx3-ubyte'), images)
+
+
+def test_read_idx_rejects_malformed_files(tmp_path: Path) -> None:
+    (tmp_path / 'float').write_bytes(bytes([0, 0, 0x0D, 1]) + (1).to_bytes(4, 'big') + b'\0' * 4)
+    with pytest.raises(ValueError, match='not an unsigned-byte idx'):
+        read_idx(tmp_path / 'float')
+    (tmp_path / 'short').write_bytes(bytes([0, 0, 8, 1]) + (5).to_bytes(4, 'big') + b'\0' * 3)
+    with pytest.raises(ValueError, match=r'declares shape \(5,\)'):
+        read_idx(tmp_path / 'short')
+
+
+def test_read_npz_images(tmp_path: Path) -> None:
+    images = np.ones((3, 28, 28), dtype=np.uint8)
+    np.savez_compressed(tmp_path / 'imgs.npz', images)
+    np.testing.assert_array_equal(read_npz_images(tmp_path / 'imgs.npz'), images)
+    np.savez(tmp_path / 'two.npz', images, images)
+    with pytest.raises(ValueError, match='expected one array'):
+        read_npz_images(tmp_path / 'two.npz')
+
+
+def test_missing_files_are_all_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                     ) -> None:
+    (tmp_path / 'mnist').mkdir()
+    write_idx(tmp_path / 'mnist' / 'train-images-idx3-ubyte',
+              np.zeros((2, 28, 28), dtype=np.uint8))
+    with pytest.raises(FileNotFoundError) as info:
+        load_benchmark_data(tmp_path)
+    message = str(info.value)
+    assert 'lacks 6 file(s)' in message
+    for name in ('mnist/train-labels-idx1-ubyte.gz', 'mnist/t10k-images-idx3-ubyte.gz',
+                 'mnist/t10k-labels-idx1-ubyte.gz', 'fashion_mnist/t10k-images-idx3-ubyte.gz',
+                 'kmnist/kmnist-test-imgs.npz', 'notmnist/t10k-images-idx3-ubyte.gz'):
+        assert name in message
+    # The uncompressed train images were accepted, so they are not reported.
+    assert 'train-images' not in message
+    code = cli.main(['bench', 'mnist', '--data-dir', str(tmp_path), '--out',
+                     str(tmp_path / 'out'), '--no-progress'])
+    assert code == 2
+    assert 'notmnist/t10k-images-idx3-ubyte.gz' in capsys.readouterr().err
+
+
+def test_default_data_dir_prefers_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                              ) -> None:
+    monkeypatch.setenv('UQ_DATA_DIR', str(tmp_path))
+    assert default_data_dir() == tmp_path.resolve()
+
+
+# --------------------------------------------------------------------------- building blocks
+
+
+def test_fit_temperature_recovers_the_generating_temperature() -> None:
+    rng = np.random.default_rng(1)
+    logits = rng.normal(0.0, 4.0, (20000, 5))
+    z = logits / 2.5
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    labels = (p.cumsum(axis=1) > rng.random((len(p), 1))).argmax(axis=1)
+    assert fit_temperature(logits, labels) == pytest.approx(2.5, rel=0.05)
+    with pytest.raises(ValueError, match='need logits'):
+        fit_temperature(logits, labels[:-1])
+
+
+def test_mc_dropout_matches_the_network_and_repeats_with_its_seed() -> None:
+    torch.manual_seed(0)
+    x = to_tensor(np.random.default_rng(0).integers(0, 256, (8, 28, 28), dtype=np.uint8),
+                  0.13, 0.31)
+    exact = SmallCNN(conv_dropout=0.0, head_dropout=0.0).eval()
+    with torch.no_grad():
+        reference = torch.softmax(exact(x), dim=1).numpy()
+    draws = mc_dropout_probabilities(exact, x, 3, torch.Generator().manual_seed(0))
+    np.testing.assert_allclose(draws, np.broadcast_to(reference, draws.shape), atol=1e-6)
+
+    model = SmallCNN().eval()
+    a = mc_dropout_probabilities(model, x, 4, torch.Generator().manual_seed(5))
+    b = mc_dropout_probabilities(model, x, 4, torch.Generator().manual_seed(5))
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(a[0], a[1])  # each pass draws new masks
+    np.testing.assert_allclose(a.sum(axis=2), 1.0, atol=1e-5)
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match='expert_candidates'):
+        BenchmarkConfig(expert_candidates=(1, 4))
+    with pytest.raises(ValueError, match='ood_quantile'):
+        BenchmarkConfig(ood_quantile=1.0)
+    with pytest.raises(ValueError, match='epochs'):
+        BenchmarkConfig(epochs=0)
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.slow
+def test_quick_benchmark_produces_every_method_and_metric(data_dir: Path, tmp_path: Path,
+                                                          one_thread: None) -> None:
+    out = tmp_path / 'out'
+    code = cli.main(['bench', 'mnist', '--quick', '--data-dir', str(data_dir), '--out',
+                     str(out), '--no-progress', '--threads', '1'])
+    assert code == 0
+    summary = json.loads((out / 'results.json').read_text())
+    methods = summary['methods']
+    assert set(methods) == {m.value for m in Method}
+    unit = ('accuracy', 'brier', 'ece', 'misclassification_auroc')
+    for name, r in methods.items():
+        for key in unit:
+            assert math.isfinite(r[key]), (name, key)
+        assert 0.0 <= r['accuracy'] <= 1.0 and 0.0 <= r['ece'] <= 1.0
+        assert 0.0 <= r['brier'] <= 2.0 and 0.0 <= r['misclassification_auroc'] <= 1.0
+        assert math.isfinite(r['nll']) and r['nll'] >= 0.0
+        assert math.isfinite(r['cost_ratio']) and r['cost_ratio'] > 0.0
+        for key in ('cost_ratio_wall_median', 'cost_ratio_wall_best', 'cpu_ms_per_image'):
+            assert math.isfinite(r[key]) and r[key] > 0.0, (name, key)
+        assert set(r['ood']) == set(OOD_SETS)
+        for per_set in r['ood'].values():
+            assert 0.0 <= per_set['auroc'] <= 1.0 and 0.0 <= per_set['aupr'] <= 1.0
+        # One epoch on a subset still learns: far above the 10 % of guessing.
+        assert r['accuracy'] > 0.5, name
+    for method in (Method.NTK_GP_1, Method.NTK_GP_M):
+        h = methods[method.value]['hyperparameters']
+        assert all(math.isfinite(v) and v > 0 for v in h['sigma2'] + h['delta'])
+        assert math.isfinite(h['ood_threshold']) and h['temperature'] > 0
+        assert set(methods[method.value]['score_auroc']) == {
+            'one_minus_max_prob', 'predictive_entropy', 'mutual_information', 'gp_variance'}
+    assert methods[Method.NTK_GP_1.value]['hyperparameters']['num_experts'] == 1
+    assert methods[Method.NTK_GP_M.value]['hyperparameters']['num_experts'] in (2, 4)
+    assert methods[Method.TEMPERATURE.value]['temperature'] > 0
+    assert summary['data']['test_images'] == 500
+    assert all(n == 500 for n in summary['data']['ood_images'].values())
+    assert set(summary['targets']) == {'best_baseline_ood_auroc', 'ntk_gp_1', 'ntk_gp_m'}
+
+    markdown = (out / 'results.md').read_text()
+    for method in Method:
+        label = methods[method.value]['label']
+        assert f'| {label} |' in markdown
+    assert METHOD_LABELS[Method.ENSEMBLE] in markdown
+    for plot in ('reliability.png', 'histograms.png'):
+        assert (out / plot).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'

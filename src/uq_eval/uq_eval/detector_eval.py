@@ -1,0 +1,285 @@
+"""Evaluation of the detector and its NTK-GP on simulator splits (ROS-free; ``uq eval detector``).
+
+Metrics, all on held-out splits at the model's input size:
+
+- **AP@0.5** per known class and their mean (``test``): COCO-style, detections ranked by
+  ``objectness * p(class)`` for their most probable class, greedy matching at IoU >= 0.5,
+  101-point interpolation. Occluded, truncated and tiny objects (the flags of the
+  simulator's annotations) are "ignore" regions as COCO's crowd boxes: finding them is
+  neither rewarded nor penalised. ``ap50_all_objects`` counts them as regular objects.
+- **Objectness recall on unknown objects** (``test_unknown``): the fraction of (not
+  ignored) unknown objects matched at IoU >= 0.5 by a detection above the operating score
+  threshold, class-agnostic.
+- **Known-vs-unknown AUROC** of the GP variance (and, for comparison, of the mutual
+  information, the predictive entropy and one minus the max softmax probability of the
+  network) over the detections matched to not-ignored known and unknown objects of
+  ``test_unknown``.
+- **Misclassification AUROC** (``test``): detections matched to known objects, positives
+  those whose most probable class is wrong; scored by GP variance and predictive entropy.
+- Calibration of the matched known detections (accuracy, ECE, NLL, Brier).
+- **Latency** of the forward pass at batch 1 after warm-up (p50/p99 ms), and of the
+  whole ``detect`` + GP query.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from uq_perception.detector import CenterNetDetector, Detections
+    from uq_perception.detector_data import DetectionSplit
+    from uq_perception.ntk import LastLayerNTKGP
+
+from uq_perception.detection_scoring import (
+    IOU_THRESHOLD,
+    OPERATING_MAX_DETECTIONS,
+    OPERATING_THRESHOLD,
+    evaluate_detection,
+    predict_split,
+    rounded,
+)
+
+
+def _matched_objects(split: DetectionSplit, detections: Sequence[Detections]
+                     ) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """Per image: (image index, detection indices, matched object indices), not-ignored only."""
+    from uq_perception.detection_metrics import match_detections
+
+    out = []
+    for i, dets in enumerate(detections):
+        hard = split.hard(i)
+        matched, ignored = match_detections(dets.boxes, dets.scores, split.boxes[i],
+                                            IOU_THRESHOLD, hard)
+        keep = (matched >= 0) & ~ignored
+        out.append((i, np.flatnonzero(keep), matched[keep]))
+    return out
+
+
+def _safe_auroc(scores: np.ndarray, labels: np.ndarray) -> float | None:
+    from uq_perception.metrics import auroc
+
+    if labels.size == 0 or labels.all() or not labels.any():
+        return None
+    return rounded(auroc(scores, labels))
+
+
+def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
+                         test: DetectionSplit, test_unknown: DetectionSplit,
+                         score_threshold: float = OPERATING_THRESHOLD,
+                         max_detections: int = OPERATING_MAX_DETECTIONS,
+                         progress: bool = False) -> dict[str, Any]:
+    """Unknown-object recall, OOD and misclassification AUROCs, calibration."""
+    from uq_perception import metrics
+
+    result: dict[str, Any] = {'score_threshold': score_threshold}
+
+    # --- unknown objects: objectness recall and known-vs-unknown separation
+    dets = predict_split(model, test_unknown, score_threshold, max_detections,
+                         progress=progress)
+    found: dict[int, list[bool]] = {}
+    known_found: list[bool] = []
+    signals: dict[str, list[float]] = {'gp_variance': [], 'mutual_information': [],
+                                       'predictive_entropy': [], 'max_softmax': []}
+    is_unknown: list[bool] = []
+    matched_category: list[int] = []
+    for i, det_index, obj_index in _matched_objects(test_unknown, dets):
+        hard = test_unknown.hard(i)
+        unknown = test_unknown.labels[i] < 0
+        hit = np.zeros(len(hard), dtype=bool)
+        hit[obj_index] = True
+        for k in np.flatnonzero(~hard):
+            if unknown[k]:
+                found.setdefault(int(test_unknown.category_ids[i][k]), []).append(bool(hit[k]))
+            else:
+                known_found.append(bool(hit[k]))
+        if det_index.size == 0:
+            continue
+        out = gp.predict(dets[i].embeddings[det_index], dets[i].logits[det_index])
+        signals['gp_variance'] += out.gp_variance.tolist()
+        signals['mutual_information'] += out.mutual_information.tolist()
+        signals['predictive_entropy'] += out.predictive_entropy.tolist()
+        logits = dets[i].logits[det_index]
+        z = np.exp(logits - logits.max(axis=1, keepdims=True))
+        signals['max_softmax'] += (1.0 - z.max(axis=1) / z.sum(axis=1)).tolist()
+        is_unknown += unknown[obj_index].tolist()
+        matched_category += test_unknown.category_ids[i][obj_index].tolist()
+    all_unknown = [h for hits in found.values() for h in hits]
+    labels = np.array(is_unknown, dtype=bool)
+    result['unknown_recall'] = rounded(float(np.mean(all_unknown))) if all_unknown else None
+    result['unknown_recall_per_class'] = {
+        test_unknown.category_names[c]: rounded(float(np.mean(h))) for c, h in sorted(
+            found.items())}
+    result['unknown_objects'] = len(all_unknown)
+    result['known_recall_test_unknown'] = rounded(float(np.mean(known_found))) \
+        if known_found else None
+    result['ood_matched_known'] = int((~labels).sum())
+    result['ood_matched_unknown'] = int(labels.sum())
+    result['auroc_unknown'] = {name: _safe_auroc(np.array(v), labels)
+                               for name, v in signals.items()}
+    # Which unknown shapes the GP variance separates from the known objects, and which not.
+    gp_variance, category = np.array(signals['gp_variance']), np.array(matched_category)
+    result['auroc_unknown_gp_variance_per_class'] = {
+        test_unknown.category_names[int(c)]: _safe_auroc(
+            gp_variance[~labels | (category == c)], labels[~labels | (category == c)])
+        for c in np.unique(category[labels])}
+    if gp.ood_threshold is not None and labels.size:
+        flagged = np.array(signals['gp_variance']) > gp.ood_threshold
+        result['ood_flag_rate_known'] = rounded(float(flagged[~labels].mean())) \
+            if (~labels).any() else None
+        result['ood_flag_rate_unknown'] = rounded(float(flagged[labels].mean())) \
+            if labels.any() else None
+
+    # --- known objects of the test split: misclassification and calibration
+    dets = predict_split(model, test, score_threshold, max_detections, progress=progress)
+    variance, entropy, probs, truth = [], [], [], []
+    for i, det_index, obj_index in _matched_objects(test, dets):
+        known = test.labels[i][obj_index] >= 0
+        if not known.any():
+            continue
+        sel = det_index[known]
+        out = gp.predict(dets[i].embeddings[sel], dets[i].logits[sel])
+        variance += out.gp_variance.tolist()
+        entropy += out.predictive_entropy.tolist()
+        probs.append(out.probabilities)
+        truth += test.labels[i][obj_index[known]].tolist()
+    if probs:
+        p = np.concatenate(probs)
+        y = np.array(truth, dtype=np.int64)
+        wrong = p.argmax(axis=1) != y
+        result['matched_known'] = int(y.size)
+        result['misclassified'] = int(wrong.sum())
+        result['accuracy'] = rounded(metrics.accuracy(p, y))
+        result['ece'] = rounded(metrics.ece(p, y))
+        result['nll'] = rounded(metrics.nll(p, y))
+        result['brier'] = rounded(metrics.brier(p, y))
+        result['auroc_misclassification'] = {
+            'gp_variance': _safe_auroc(np.array(variance), wrong),
+            'predictive_entropy': _safe_auroc(np.array(entropy), wrong),
+        }
+    return result
+
+
+def measure_latency(model: CenterNetDetector, gp: LastLayerNTKGP | None = None,
+                    runs: int = 200, warmup: int = 20, threads: Sequence[int] = (1, 2),
+                    seed: int = 0) -> dict[str, Any]:
+    """Forward-pass latency (batch 1) and ``detect`` + GP query latency, in ms.
+
+    Measured once per torch thread count in ``threads``: on a machine that other jobs
+    share, two threads can be far slower than one (a descheduled thread stalls every
+    parallel op), so both are reported together with the load average.
+    """
+    import torch
+
+    height, width = model.input_size
+    rng = np.random.default_rng(seed)
+    image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    tensor = model.preprocess(image)
+    model.eval()
+    previous = torch.get_num_threads()
+    result: dict[str, Any] = {'runs': runs, 'batch': 1, 'input': f'{width}x{height}',
+                              'load_average_1min_before': rounded(os.getloadavg()[0], 2)}
+    try:
+        for count in threads:
+            torch.set_num_threads(int(count))
+            forward, full = [], []
+            with torch.no_grad():
+                for n in range(warmup + runs):
+                    t0 = time.perf_counter()
+                    model(tensor)
+                    t1 = time.perf_counter()
+                    dets = model.detect(image)
+                    if gp is not None and len(dets):
+                        gp.predict(dets.embeddings, dets.logits)
+                    t2 = time.perf_counter()
+                    if n >= warmup:
+                        forward.append((t1 - t0) * 1e3)
+                        full.append((t2 - t1) * 1e3)
+            result[f'threads_{count}'] = {
+                'forward_p50': rounded(float(np.percentile(forward, 50)), 2),
+                'forward_p99': rounded(float(np.percentile(forward, 99)), 2),
+                'detect_with_gp_p50': rounded(float(np.percentile(full, 50)), 2),
+                'detect_with_gp_p99': rounded(float(np.percentile(full, 99)), 2),
+            }
+    finally:
+        torch.set_num_threads(previous)
+    result['load_average_1min_after'] = rounded(os.getloadavg()[0], 2)
+    result['cpu'] = _cpu_name()
+    result['cpu_count'] = os.cpu_count()
+    return result
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path('/proc/cpuinfo').read_text().splitlines():
+            if line.startswith('model name'):
+                return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or 'unknown'
+
+
+def evaluate(model_path: Path, gp_path: Path, data: Path, latency_runs: int = 200,
+             threads: int = 1, progress: bool = True) -> dict[str, Any]:
+    """All metrics of a saved detector and GP on ``data/test`` and ``data/test_unknown``."""
+    import torch
+
+    from uq_perception.detector import load_detector
+    from uq_perception.detector_data import load_split
+    from uq_perception.ntk import LastLayerNTKGP
+
+    torch.set_num_threads(threads)
+    model = load_detector(model_path)
+    gp = LastLayerNTKGP.load(gp_path, feature_dim=model.embedding_dim,
+                             class_names=model.class_names, model_id=model.model_id)
+    size = model.input_size
+    test = load_split(data / 'test', size, class_names=model.class_names)
+    test_unknown = load_split(data / 'test_unknown', size, class_names=model.class_names)
+    report: dict[str, Any] = {
+        'model_id': model.model_id,
+        'model': str(model_path),
+        'gp': str(gp_path),
+        'data': str(data),
+        'gp_gating': gp.config.gating.value,
+        'gp_experts': gp.num_experts,
+        'detection_test': evaluate_detection(model, test, gp, progress=progress),
+    }
+    report['uncertainty'] = evaluate_uncertainty(model, gp, test, test_unknown,
+                                                 progress=progress)
+    report['latency_ms'] = measure_latency(model, gp, runs=latency_runs)
+    report['date'] = time.strftime('%Y-%m-%d %H:%M:%S %Z')
+    return report
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Evaluate the detector and its NTK-GP on simulator test splits (prints JSON)."""
+    parser.add_argument('--data', type=Path, required=True,
+                        help='dataset directory with test/ and test_unknown/')
+    parser.add_argument('--model', type=Path, default=Path('models/detector.pt'))
+    parser.add_argument('--gp', type=Path, default=Path('models/detector_gp.npz'))
+    parser.add_argument('--out', type=Path, default=None, help='also write the JSON here')
+    parser.add_argument('--latency-runs', type=int, default=200)
+    parser.add_argument('--threads', type=int, default=1,
+                        help='torch CPU threads for the accuracy metrics (latency is '
+                             'measured with 1 and 2 threads)')
+    parser.add_argument('--no-progress', action='store_true', help='hide progress bars')
+    parser.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    report = evaluate(args.model, args.gp, args.data, latency_runs=args.latency_runs,
+                      threads=args.threads, progress=not args.no_progress)
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + '\n')
+    return 0

@@ -1,0 +1,40 @@
+"""The NTK-GP engine (ROS-free): sampling-free predictive uncertainty for a network's head.
+
+The public API lives here; the modules split it by concern:
+
+- :mod:`.config`: configuration, constants, the per-input :class:`UncertaintyOutput`;
+- :mod:`.evidence`: the closed-form marginal likelihood and its maximisation;
+- :mod:`.linalg`: guarded SPD inverses and input checks;
+- :mod:`.gating`: k-means partition of feature space into experts;
+- :mod:`.predictive`: probit probabilities, entropy decomposition, torch query;
+- :mod:`.model`: :class:`LastLayerNTKGP`, the weight-space form (the fast path);
+- :mod:`.function_space`: :class:`FunctionSpaceNTKGP`, the Jacobian (function-space) form;
+- :mod:`.persistence`: checksummed, atomic state files.
+"""
+
+from uq_perception.ntk.config import Gating, NTKGPConfig, UncertaintyOutput
+from uq_perception.ntk.evidence import (
+    SpectralEvidence,
+    fit_expert_hyperparameters,
+    fit_marginal_likelihood,
+    fit_shared_noise,
+    log_marginal_likelihood,
+)
+from uq_perception.ntk.function_space import FunctionSpaceNTKGP, ParameterSubset, centred_basis
+from uq_perception.ntk.gating import kmeans
+from uq_perception.ntk.linalg import spd_inverse
+from uq_perception.ntk.model import LastLayerNTKGP
+from uq_perception.ntk.persistence import arrays_digest
+from uq_perception.ntk.predictive import (
+    antithetic_normal_draws,
+    gp_variance_torch,
+    summarise_gaussian_logits,
+)
+
+__all__ = [
+    'FunctionSpaceNTKGP', 'Gating', 'LastLayerNTKGP', 'NTKGPConfig', 'ParameterSubset',
+    'SpectralEvidence', 'UncertaintyOutput', 'antithetic_normal_draws', 'arrays_digest',
+    'centred_basis', 'fit_expert_hyperparameters', 'fit_marginal_likelihood',
+    'fit_shared_noise', 'gp_variance_torch', 'kmeans', 'log_marginal_likelihood',
+    'spd_inverse', 'summarise_gaussian_logits',
+]

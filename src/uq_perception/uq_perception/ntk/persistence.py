@@ -1,0 +1,73 @@
+"""Checksummed, atomically written state files of the NTK-GP engine (``.npz`` + JSON meta)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from uq_perception.ntk.config import FORMAT_NAME, FORMAT_VERSION
+
+
+def arrays_digest(arrays: dict[str, np.ndarray]) -> str:
+    """SHA-256 over names, dtypes, shapes and bytes of ``arrays``: a flipped bit in a saved
+    state must be an error, never a silently different variance."""
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        array = np.ascontiguousarray(arrays[name])
+        digest.update(f'{name}:{array.dtype.str}:{array.shape};'.encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def write_state(path: str | os.PathLike[str], meta: dict[str, Any],
+                arrays: dict[str, np.ndarray]) -> None:
+    """Write ``meta`` (with the arrays' digest added) and ``arrays`` atomically: a temporary
+    file in the same folder, fsynced, then renamed over ``path``."""
+    meta = dict(meta, digest=arrays_digest(arrays))
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f'.{target.name}.', dir=target.parent or '.')
+    try:
+        with os.fdopen(fd, 'wb') as handle:
+            savez: Any = np.savez
+            savez(handle, meta=np.array(json.dumps(meta)), **arrays)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_state(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Read a file written by :func:`write_state` and check its format, version and digest.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        If the file is not a readable state of this format and version, or is corrupt.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            meta = json.loads(str(archive['meta']))
+            arrays = {k: np.array(archive[k]) for k in archive.files if k != 'meta'}
+    except FileNotFoundError:
+        raise
+    except Exception as exc:
+        raise ValueError(f'{path}: not a readable NTK-GP state file ({exc})') from exc
+    if not isinstance(meta, dict) or meta.get('format') != FORMAT_NAME:
+        raise ValueError(f'{path}: not an NTK-GP state file (format '
+                         f'{meta.get("format") if isinstance(meta, dict) else meta!r})')
+    if meta.get('version') != FORMAT_VERSION:
+        raise ValueError(f'{path}: unsupported format version {meta.get("version")!r} '
+                         f'(this build reads version {FORMAT_VERSION})')
+    if meta.get('digest') != arrays_digest(arrays):
+        raise ValueError(f'{path}: checksum mismatch, the NTK-GP state file is corrupt')
+    return meta, arrays

@@ -1,0 +1,107 @@
+"""Predictive summaries of Gaussian logits: probit probabilities, entropy decomposition,
+and the traceable torch query."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+
+def antithetic_normal_draws(num: int, dim: int, seed: int) -> np.ndarray:
+    """``(num, dim)`` fixed standard normal draws: antithetic pairs, unit second moments.
+
+    Pairing ``eps`` with ``-eps`` makes the sample mean exactly zero and rescaling each
+    column makes its second moment exactly one, which removes the first two moments'
+    Monte-Carlo error from the entropy decomposition.
+    """
+    half = np.random.default_rng(seed).standard_normal((num // 2, dim))
+    draws = np.concatenate([half, -half])
+    return draws / np.sqrt((draws * draws).mean(axis=0))
+
+
+def summarise_gaussian_logits(mean: np.ndarray, gp_class_variance: np.ndarray,
+                              draws: np.ndarray, probit_lambda: float, temperature: float,
+                              covariance: np.ndarray | None = None
+                              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Probit probabilities and entropy decomposition of a Gaussian over logits.
+
+    Parameters
+    ----------
+    mean : np.ndarray
+        ``(B, C)`` logit means ``mu``.
+    gp_class_variance : np.ndarray
+        ``(B, C)`` GP variance per class ``sigma_c^2``, or ``(B, 1)`` when all classes
+        share it.
+    draws : np.ndarray
+        ``(S, C)`` fixed standard normal draws.
+    probit_lambda, temperature : float
+        ``lambda`` and ``T`` of ``p = softmax(mu / sqrt(T^2 + lambda sigma^2))``.
+    covariance : np.ndarray, optional
+        ``(B, C, C)`` full GP covariance between classes; when given, draws are correlated
+        through its Cholesky factor instead of independent per class.
+
+    Returns
+    -------
+    tuple
+        ``(probabilities, predictive_entropy, expected_entropy, mutual_information)``;
+        logit draws are ``f_s = mu + sqrt(8 lambda / pi) L eps_s``, tempered by ``T``.
+    """
+    scale = math.sqrt(8.0 * probit_lambda / math.pi)
+    adjusted = mean / np.sqrt(temperature * temperature + probit_lambda * gp_class_variance)
+    probabilities = _softmax(adjusted)
+    if scale == 0.0:
+        # lambda = 0 (as fitted when the GP spread does not help the validation NLL): every
+        # draw is the mean, so the decomposition is exact without them: no epistemic part.
+        # This path skips ~15 array operations, a fifth of the node's GP query time.
+        entropy = -(probabilities * np.log(np.maximum(probabilities,
+                                                      np.finfo(np.float64).tiny))).sum(axis=1)
+        return probabilities, entropy, entropy.copy(), np.zeros_like(entropy)
+    # Layout (B, C, S): reductions over classes then run over contiguous rows of draws.
+    draws_t = np.ascontiguousarray(draws.T)
+    if covariance is None:
+        z = mean[:, :, None] + draws_t[None] * (scale * np.sqrt(gp_class_variance))[:, :, None]
+    else:
+        factor = np.linalg.cholesky(covariance + 1e-12 * np.eye(covariance.shape[-1])
+                                    * np.maximum(np.trace(covariance, axis1=1, axis2=2),
+                                                 1e-300)[:, None, None])
+        z = mean[:, :, None] + scale * (factor @ draws_t)
+    if temperature != 1.0:
+        z /= temperature
+    z -= z.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    norm = p.sum(axis=1)
+    p /= norm[:, None, :]
+    # H[softmax(z)] = log sum exp(z) - sum_c p_c z_c
+    expected = (np.log(norm) - np.einsum('bcs,bcs->bs', p, z)).mean(axis=1)
+    p_bar = p.mean(axis=2)
+    total = -(p_bar * np.log(np.maximum(p_bar, np.finfo(np.float64).tiny))).sum(axis=1)
+    # The difference is >= 0 by concavity; max() only removes floating-point round-off.
+    mutual = np.maximum(total - expected, 0.0)
+    return probabilities, total, expected, mutual
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def gp_variance_torch(features: torch.Tensor, centroids: torch.Tensor,
+                      precision_inverse: torch.Tensor, expert_id: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Traceable torch version of the query: returns (variance (B,), expert_id (B,)).
+
+    ``variance_b = phi~_b^T S_{e_b} phi~_b`` with ``S = precision_inverse`` and ``e_b`` the
+    nearest centroid, or ``expert_id`` when given (class gating routes by the predicted
+    class, which the caller computes from the logits). No data-dependent Python control
+    flow, so ``torch.jit.trace`` / export keep the GP matrices as runtime inputs.
+    """
+    if expert_id is None:
+        distance = (centroids * centroids).sum(1) - 2.0 * features @ centroids.T
+        expert_id = distance.argmin(1)
+    phi = torch.cat([features, torch.ones_like(features[:, :1])], dim=1)
+    selected = precision_inverse[expert_id]
+    variance = torch.einsum('bp,bpq,bq->b', phi, selected, phi)
+    return variance.clamp_min(0.0), expert_id

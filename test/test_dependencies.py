@@ -1,0 +1,166 @@
+"""The package graph: every import of a workspace package or a third-party module is declared
+in the importing package's ``package.xml`` (rosdep keys), and packages import only from
+layers below their own (DESIGN.md §2), so rosdep and Docker builds from the manifests work.
+
+Third-party modules map to rosdep keys through the table in ``docs/dependencies.md``; the
+ones that only pip provides are listed there with the packages that use them.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / 'src'
+TABLE = REPO / 'docs' / 'dependencies.md'
+# Layers import only downwards: msgs <- common <- {perception, autonomy, sim} <- eval <- bringup.
+LAYERS = {'uq_msgs': 1, 'uq_common': 2, 'uq_perception': 3, 'uq_autonomy': 3, 'uq_sim': 3,
+          'uq_eval': 4, 'uq_bringup': 5}
+DEPEND_TAGS = ('depend', 'exec_depend', 'build_depend', 'build_export_depend')
+
+
+@dataclass(frozen=True)
+class Problem:
+    package: str
+    module: str
+    where: str
+    what: str
+
+    def __str__(self) -> str:
+        return f'{self.package}: {self.where} imports {self.module}: {self.what}'
+
+
+def declared_dependencies(package_xml: Path, test: bool = False) -> set[str]:
+    """Dependency keys of a manifest (``test_depend`` too when ``test``)."""
+    root = ET.parse(package_xml).getroot()
+    tags = DEPEND_TAGS + (('test_depend',) if test else ())
+    return {element.text.strip() for tag in tags for element in root.iter(tag)
+            if element.text}
+
+
+def dependency_table(path: Path = TABLE) -> tuple[dict[str, str], dict[str, set[str]]]:
+    """From the documented table: module to rosdep key, and pip-only module to the packages
+    that may use it."""
+    rosdep: dict[str, str] = {}
+    pip_only: dict[str, set[str]] = {}
+    for line in path.read_text(encoding='utf-8').splitlines():
+        cells = [c.strip().strip('`') for c in line.strip().strip('|').split('|')]
+        if len(cells) != 4 or cells[0] in ('module', '') or set(cells[0]) <= {'-'}:
+            continue
+        module, key, pip_name, users = cells
+        if key == 'pip only':
+            pip_only[module] = {u.strip().strip('`') for u in users.split(',') if u.strip()}
+        else:
+            rosdep[module] = key
+    return rosdep, pip_only
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Top-level names of every absolute import in a Python file, nested ones included."""
+    tree = ast.parse(path.read_text(encoding='utf-8'), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split('.')[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split('.')[0])
+    return names
+
+
+def check_package(package_dir: Path, rosdep: dict[str, str], pip_only: dict[str, set[str]],
+                  ros_packages: set[str], layers: dict[str, int] = LAYERS) -> list[Problem]:
+    """Every undeclared or upward import of one ament_python package."""
+    name = package_dir.name
+    problems = []
+    for kind, folder in (('code', package_dir / name), ('test', package_dir / 'test')):
+        if not folder.is_dir():
+            continue
+        declared = declared_dependencies(package_dir / 'package.xml', test=kind == 'test')
+        for path in sorted(folder.rglob('*.py')):
+            where = str(path.relative_to(package_dir))
+            for module in sorted(imported_modules(path)):
+                if module == name or module in sys.stdlib_module_names or module == '__future__':
+                    continue
+                if module in layers or module in ros_packages:
+                    if module not in declared:
+                        problems.append(Problem(name, module, where, 'not in package.xml'))
+                    if module in layers and layers[module] >= layers.get(name, 0):
+                        problems.append(Problem(name, module, where,
+                                                'a package of the same or a higher layer'))
+                elif module in rosdep:
+                    if rosdep[module] not in declared:
+                        problems.append(Problem(name, module, where,
+                                                f'rosdep key {rosdep[module]} not declared'))
+                elif module in pip_only:
+                    if name not in pip_only[module]:
+                        problems.append(Problem(name, module, where,
+                                                f'pip-only module not listed for {name} in '
+                                                'docs/dependencies.md'))
+                else:
+                    problems.append(Problem(name, module, where,
+                                            'unknown module: add it to docs/dependencies.md'))
+    return problems
+
+
+def ros_package_names() -> set[str]:
+    """ROS packages installed in the environment (ament index), e.g. rclpy, sensor_msgs."""
+    import os
+
+    names: set[str] = set()
+    for prefix in os.environ.get('AMENT_PREFIX_PATH', '').split(os.pathsep):
+        index = Path(prefix) / 'share' / 'ament_index' / 'resource_index' / 'packages'
+        if index.is_dir():
+            names.update(p.name for p in index.iterdir())
+    return names - set(LAYERS)
+
+
+PYTHON_PACKAGES = sorted(p.parent.name for p in SRC.glob('*/setup.py'))
+
+
+@pytest.mark.parametrize('package', PYTHON_PACKAGES)
+def test_every_import_is_declared_and_points_down(package):
+    rosdep, pip_only = dependency_table()
+    problems = check_package(SRC / package, rosdep, pip_only, ros_package_names())
+    assert not problems, '\n'.join(map(str, problems))
+
+
+def test_manifests_declare_no_upward_or_unused_workspace_dependency():
+    for manifest in sorted(SRC.glob('*/package.xml')):
+        package = manifest.parent.name
+        declared = declared_dependencies(manifest) & set(LAYERS)
+        upward = {d for d in declared if LAYERS[d] >= LAYERS[package]}
+        assert not upward, f'{package} declares {upward} of the same or a higher layer'
+        if (manifest.parent / 'setup.py').exists():
+            used = set().union(*(imported_modules(p) for p in
+                                 (manifest.parent / package).rglob('*.py')))
+            assert declared - {'uq_msgs'} <= used | {'uq_msgs'}, (
+                f'{package} declares {sorted(declared - used)} but never imports them')
+
+
+def test_checker_reports_an_undeclared_import(tmp_path):
+    # A throwaway package whose module imports numpy and a higher layer, while its manifest
+    # declares neither: the checker must name both.
+    package = tmp_path / 'uq_common'
+    (package / 'uq_common').mkdir(parents=True)
+    (package / 'uq_common' / 'core.py').write_text(
+        'import json\n\ndef f():\n    import numpy\n    from uq_eval import demo\n')
+    (package / 'package.xml').write_text(
+        '<package format="3"><name>uq_common</name><exec_depend>rclpy</exec_depend></package>')
+    problems = check_package(package, {'numpy': 'python3-numpy'}, {}, {'rclpy'})
+    text = '\n'.join(map(str, problems))
+    assert re.search(r'imports numpy: rosdep key python3-numpy not declared', text), text
+    assert 'imports uq_eval: not in package.xml' in text
+    assert 'imports uq_eval: a package of the same or a higher layer' in text
+    assert 'json' not in text
+    (package / 'package.xml').write_text(
+        '<package format="3"><name>uq_common</name><exec_depend>python3-numpy</exec_depend>'
+        '</package>')
+    (package / 'uq_common' / 'core.py').write_text('import numpy\n')
+    assert check_package(package, {'numpy': 'python3-numpy'}, {}, {'rclpy'}) == []
