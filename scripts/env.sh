@@ -18,5 +18,8 @@ for _uq_pkg in uq_common uq_perception uq_autonomy uq_sim uq_eval; do
 done
 export PATH
 export MUJOCO_GL=${MUJOCO_GL:-egl}
+# Fast DDS profile for camera-sized images on one host (docs/dds.md); a profile the user
+# already chose wins.
+export FASTRTPS_DEFAULT_PROFILES_FILE=${FASTRTPS_DEFAULT_PROFILES_FILE:-$_uq_root/config/dds/fastdds_large_images.xml}
 export UQ_WORKSPACE="$_uq_root"
 unset _uq_root _uq_pkg _uq_nounset

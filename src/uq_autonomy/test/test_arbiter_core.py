@@ -3,6 +3,7 @@ hysteresis, fail-safe, override, configuration and the parameter table."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -17,7 +18,9 @@ from uq_autonomy.arbiter import (
     Level,
     Thresholds,
     UncertaintySignal,
+    UncertaintyValues,
     assess_frame,
+    stamp_problem,
 )
 from uq_autonomy.arbitration_params import (
     PARAMETERS,
@@ -32,7 +35,8 @@ REPO = Path(__file__).resolve().parents[3]
 def det(gp: float = 0.1, mi: float = 0.01, *, cls: str = 'cup', index: int = 0, track: int = -1,
         x: float = 320.0, y: float = 240.0, w: float = 20.0, h: float = 20.0,
         probs: int = 2) -> DetectionSummary:
-    return DetectionSummary(cls, index, track, x, y, w, h, gp, mi, probs)
+    return DetectionSummary(cls, index, track, x, y, w, h, gp, mi,
+                            (1.0 / probs,) * probs if probs else ())
 
 
 # -- frame checks and selection -----------------------------------------------------------
@@ -76,14 +80,143 @@ def test_nearest_center_selection():
     ([det(math.nan)], 2, 'non-finite gp_variance'),
     ([det(0.1), det(math.inf)], 2, 'non-finite gp_variance'),
     ([det(-0.5)], 2, 'negative gp_variance'),
-    ([det(0.1, w=-1.0)], 2, 'negative box size'),
+    ([det(0.1, w=-1.0)], 2, 'non-positive box size'),
+    ([det(0.1, h=0.0)], 2, 'non-positive box size'),
+    ([det(0.1, x=2e5)], 2, 'box beyond'),
     ([det(0.1, x=math.nan)], 2, 'non-finite box'),
     ([det(0.1, index=5)], 2, 'class_index 5'),
     ([det(0.1, probs=3)], 2, '3 class probabilities'),
+    ([det(0.1, index=99)], 0, 'class_index 99 outside [-1, 0)'),
+    ([det(0.1, probs=0)], 2, '0 class probabilities for 2 classes'),
 ])
 def test_broken_frames_are_unusable_with_a_reason(frame, n_classes, needle):
     p = assess_frame(frame, n_classes, ArbiterConfig())
     assert not p.usable and needle in p.reason and math.isnan(p.uncertainty)
+
+
+def test_every_field_of_every_detection_is_checked_not_only_the_driving_signal():
+    base = det(0.1, 0.01)
+    cases = {
+        'score': (dataclasses.replace(base, score=math.nan), 'score nan'),
+        'score range': (dataclasses.replace(base, score=1.5), 'score 1.5 outside'),
+        'mi nan': (dataclasses.replace(base, mutual_information=math.nan),
+                   'non-finite mutual_information'),
+        'mi negative': (dataclasses.replace(base, mutual_information=-1.0),
+                        'negative mutual_information'),
+        'entropy above ln C': (dataclasses.replace(base, predictive_entropy=3.0),
+                               'predictive_entropy 3 above ln(2)'),
+        'expected above predictive': (dataclasses.replace(base, predictive_entropy=0.2,
+                                                          expected_entropy=0.5),
+                                      'expected_entropy 0.5 above predictive_entropy'),
+        'max probability': (dataclasses.replace(base, max_probability=1.2),
+                            'max_probability 1.2 above 1'),
+        'class variance length': (dataclasses.replace(base, class_variance=(0.1,)),
+                                  '1 class variances for 2 classes'),
+        'class variance inf': (dataclasses.replace(base, class_variance=(0.1, math.inf)),
+                               'non-finite class_variance'),
+        'probability nan': (dataclasses.replace(base, class_probabilities=(math.nan, 0.5)),
+                            'non-finite class probability'),
+        'probability range': (dataclasses.replace(base, class_probabilities=(1.5, -0.5)),
+                              'outside [0, 1]'),
+        'probability sum': (dataclasses.replace(base, class_probabilities=(0.5, 0.2)),
+                            'sum to 0.7'),
+    }
+    for signal in ('gp_variance', 'mutual_information'):
+        cfg = ArbiterConfig(uncertainty_signal=signal)
+        assert assess_frame([base], 2, cfg).usable
+        for name, (broken, needle) in cases.items():
+            p = assess_frame([base, broken], 2, cfg)
+            assert not p.usable and needle in p.reason, (signal, name, p.reason)
+
+
+def test_frame_level_uncertainty_is_checked():
+    good = UncertaintyValues(gp_variance=0.1, mutual_information=0.01)
+    assert assess_frame([det()], 2, ArbiterConfig(), good).usable
+    bad = UncertaintyValues(gp_variance=math.nan)
+    p = assess_frame([det()], 2, ArbiterConfig(), bad)
+    assert not p.usable and 'frame-level uncertainty' in p.reason
+
+
+def test_too_many_detections_is_refused_before_any_detection_is_read():
+    cfg = ArbiterConfig(max_detections=3)
+    assert assess_frame([det()] * 3, 2, cfg).usable
+    # The fourth detection is broken, but the count alone decides.
+    p = assess_frame([det()] * 3 + [det(math.nan)], 2, cfg)
+    assert not p.usable and '4 detections, more than max_detections 3' in p.reason
+
+
+@pytest.mark.parametrize(('stamp', 'clock', 'needle'), [
+    (0.0, 1e9, 'old, more than max_frame_age_s 1'),
+    (100.0 - 3600.0, 100.0, 'old'),
+    (100.0 + 3600.0, 100.0, 'ahead of the clock'),
+    (100.3, 100.0, 'ahead of the clock'),
+    (math.nan, 100.0, 'not comparable'),
+])
+def test_bad_stamps_are_reported(stamp, clock, needle):
+    problem = stamp_problem(stamp, clock, ArbiterConfig())
+    assert problem is not None and needle in problem
+
+
+def test_recent_stamps_pass():
+    cfg = ArbiterConfig()
+    for stamp in (100.0, 99.5, 99.01, 100.2):
+        assert stamp_problem(stamp, 100.0, cfg) is None
+
+
+def test_invalid_frame_and_reset_force_teleoperation():
+    arb = Arbiter(ArbiterConfig(min_dwell_s=0.0), 0.0)
+    t = 0.0
+    for _ in range(4):
+        t += 0.05
+        arb.observe(t, [det(0.05)], 2)
+    assert arb.level == Level.ASSISTANCE
+    step = arb.observe_invalid(t + 0.05, 'invalid DetectionArray: stamp 3600 s old')
+    assert step.state.level == Level.TELEOPERATION and step.state.perception_stale
+    assert 'stamp 3600 s old' in step.state.reason
+    for _ in range(4):
+        t += 0.1
+        arb.observe(t, [det(0.05)], 2)
+    assert arb.level == Level.ASSISTANCE
+    step = arb.reset(t + 0.05, 'clock jumped back')
+    assert step.state.level == Level.TELEOPERATION and step.state.reason == 'clock jumped back'
+    # Still teleoperation at the next tick: nothing from before the reset counts.
+    assert arb.step(t + 0.1).state.level == Level.TELEOPERATION
+
+
+def test_commands_sent_respect_speed_and_acceleration_limits():
+    cfg = ArbiterConfig(max_linear_speed=1.0, max_angular_speed=0.5, max_linear_accel=2.0,
+                        max_angular_accel=1.0)
+    arb = Arbiter(cfg, 0.0)
+    huge = np.array([1.7e308, 0.0, 0.0, 0.0, 0.0, -1e300])
+    sent = [arb.command_to_send(0.0, huge)]
+    t = 0.0
+    for _ in range(40):
+        t += 0.05
+        sent.append(arb.command_to_send(t, huge))
+    sent = np.array(sent)
+    assert np.all(np.isfinite(sent))
+    assert np.all(np.linalg.norm(sent[:, :3], axis=1) <= 1.0 + 1e-12)
+    assert np.all(np.linalg.norm(sent[:, 3:], axis=1) <= 0.5 + 1e-12)
+    # First command: no time has passed since the (zero) start, so no change at all.
+    assert np.all(sent[0] == 0.0)
+    steps = np.diff(sent, axis=0)
+    assert np.all(np.linalg.norm(steps[:, :3], axis=1) <= 2.0 * 0.05 + 1e-9)
+    assert np.all(np.linalg.norm(steps[:, 3:], axis=1) <= 1.0 * 0.05 + 1e-9)
+    # The limits are reached, direction kept: full speed forward, full turn to the right.
+    assert sent[-1] == pytest.approx([1.0, 0.0, 0.0, 0.0, 0.0, -0.5])
+    # Slowing down is rate-limited too, and NaN never reaches the robot.
+    nan_cmd = arb.command_to_send(t + 0.05, [math.nan] * 6)
+    assert nan_cmd[0] == pytest.approx(0.9) and np.all(np.isfinite(nan_cmd))
+
+
+def test_lowered_speed_limit_wins_over_the_acceleration_limit():
+    arb = Arbiter(ArbiterConfig(), 0.0)
+    t = 0.0
+    for _ in range(20):
+        t += 0.05
+        arb.command_to_send(t, [1.0, 0, 0, 0, 0, 0])
+    arb.set_config(ArbiterConfig(max_linear_speed=0.2), t)
+    assert arb.command_to_send(t + 0.05, [1.0, 0, 0, 0, 0, 0])[0] == pytest.approx(0.2)
 
 
 def test_rounding_below_zero_is_tolerated():

@@ -59,7 +59,7 @@ def configs(draw: st.DrawFn) -> ArbiterConfig:
 
 
 def frame(u: float) -> list[DetectionSummary]:
-    return [DetectionSummary('obj', 0, -1, 100.0, 100.0, 10.0, 10.0, u, 0.0, 1)]
+    return [DetectionSummary('obj', 0, -1, 100.0, 100.0, 10.0, 10.0, u, 0.0, (1.0,))]
 
 
 # An event is (dt, kind, payload). Kinds: frame (uncertainty, possibly NaN), empty frame,

@@ -21,8 +21,9 @@ Level changes follow the driving uncertainty ``u`` with hysteresis. At level ``L
   change is at least ``min_dwell_s`` old, so the level never rises by more than one per
   dwell period.
 
-Fail-safe: when perception is unusable (no valid ``DetectionArray`` within the deadline, a
-non-finite or malformed one, or none holding the driving detection) the level is
+Fail-safe: when perception is unusable (no valid ``DetectionArray`` within the deadline, an
+invalid one -- any bad field, stamp or size, see :func:`assess_frame` -- or none holding the
+driving detection) the level is
 teleoperation, whatever the signal or a manual override says. An operator command older than
 its timeout counts as zero at levels 0-2; an autonomy command older than its timeout counts as
 zero everywhere.
@@ -33,10 +34,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum, IntEnum, StrEnum
+from enum import Enum, IntEnum
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+
+from uq_common.str_enum import StrEnum
 
 NUM_LEVELS = 4
 TWIST_SIZE = 6  # linear x, y, z then angular x, y, z, as geometry_msgs/Twist
@@ -172,6 +175,17 @@ class ArbiterConfig:
         overrides the autonomy's command.
     blend_alpha_min, blend_alpha_max : float
         Range of the autonomy's weight at the shared level.
+    max_detections : int
+        A frame with more detections is invalid (bounds the work per message).
+    max_frame_age_s, max_future_stamp_s : float
+        A frame stamped more than ``max_frame_age_s`` before the clock, or more than
+        ``max_future_stamp_s`` after it, is invalid (:func:`stamp_problem`).
+    max_linear_speed, max_angular_speed : float
+        Bounds on the norm of the linear (m/s) and angular (rad/s) parts of every command
+        sent.
+    max_linear_accel, max_angular_accel : float
+        Bounds on how fast those parts may change between commands sent (m/s^2, rad/s^2),
+        speeding up and slowing down alike.
 
     Raises
     ------
@@ -196,6 +210,13 @@ class ArbiterConfig:
     operator_deadband: float = 0.05
     blend_alpha_min: float = 0.2
     blend_alpha_max: float = 0.8
+    max_detections: int = 1000
+    max_frame_age_s: float = 1.0
+    max_future_stamp_s: float = 0.25
+    max_linear_speed: float = 1.0
+    max_angular_speed: float = 1.5
+    max_linear_accel: float = 2.0
+    max_angular_accel: float = 4.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, 'uncertainty_signal', parse_enum(
@@ -222,6 +243,12 @@ class ArbiterConfig:
                  and 0.0 <= self.blend_alpha_min <= self.blend_alpha_max <= 1.0,
                  'blend alpha needs 0 <= blend_alpha_min <= blend_alpha_max <= 1, got '
                  f'{self.blend_alpha_min} and {self.blend_alpha_max}')
+        _require(isinstance(self.max_detections, int) and self.max_detections >= 1,
+                 f'max_detections must be an integer >= 1, got {self.max_detections}')
+        for name in ('max_frame_age_s', 'max_future_stamp_s', 'max_linear_speed',
+                     'max_angular_speed', 'max_linear_accel', 'max_angular_accel'):
+            value = getattr(self, name)
+            _require(_finite(value) and value > 0.0, f'{name} must be finite and > 0, got {value}')
 
     @property
     def thresholds(self) -> Thresholds:
@@ -232,8 +259,26 @@ class ArbiterConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class UncertaintyValues:
+    """The fields of one ``uq_msgs/Uncertainty`` the arbiter checks (a detection's or the
+    frame-level summary)."""
+
+    gp_variance: float = 0.0
+    mutual_information: float = 0.0
+    predictive_entropy: float = 0.0
+    expected_entropy: float = 0.0
+    max_probability: float = 0.0
+    class_variance: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class DetectionSummary:
-    """The fields of one ``uq_msgs/Detection`` the arbiter looks at."""
+    """The fields of one ``uq_msgs/Detection`` the arbiter looks at and checks.
+
+    The optional fields default to the values of a producer that does not estimate them
+    (empty probabilities and class variances, score 1, zero entropies), each of which is
+    valid when the frame has no class names.
+    """
 
     class_id: str
     class_index: int
@@ -244,7 +289,19 @@ class DetectionSummary:
     height: float
     gp_variance: float
     mutual_information: float
-    num_probabilities: int
+    class_probabilities: tuple[float, ...] = ()
+    score: float = 1.0
+    predictive_entropy: float = 0.0
+    expected_entropy: float = 0.0
+    max_probability: float = 0.0
+    class_variance: tuple[float, ...] = ()
+
+    @property
+    def uncertainty(self) -> UncertaintyValues:
+        """This detection's uncertainty fields."""
+        return UncertaintyValues(self.gp_variance, self.mutual_information,
+                                 self.predictive_entropy, self.expected_entropy,
+                                 self.max_probability, self.class_variance)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,60 +318,192 @@ class Perception:
     index: int = -1
 
 
-def _malformed(i: int, d: DetectionSummary, num_classes: int) -> str | None:
-    box = (d.center_x, d.center_y, d.width, d.height)
-    if not all(math.isfinite(v) for v in box):
-        return f'malformed DetectionArray: detection {i} has a non-finite box'
-    if d.width < 0.0 or d.height < 0.0:
-        return f'malformed DetectionArray: detection {i} has a negative box size'
+# Box coordinates and sizes beyond this many pixels belong to no camera (the largest
+# image size the parameters accept is 100000 pixels a side).
+MAX_BOX_PIXELS = 1e5
+# Probabilities travel as float32 and are rounded by the producer; a sum further than this
+# from 1 is not a distribution.
+PROBABILITY_SUM_TOLERANCE = 1e-3
+
+
+def _all_finite(values: Sequence[float]) -> bool:
+    return all(math.isfinite(v) for v in values)
+
+
+def _uncertainty_problem(where: str, u: UncertaintyValues, num_classes: int) -> str | None:
+    """Why ``u`` is not a valid uncertainty for a frame with ``num_classes`` classes, or None.
+
+    Variances and entropies are finite and >= 0 (up to rounding); entropies (and the mutual
+    information, a difference of them) are at most ``ln(num_classes)``; the expected entropy
+    is at most the predictive one; ``max_probability`` is in [0, 1]; ``class_variance`` has
+    one finite value >= 0 per class, or none.
+    """
+    scalars = (('gp_variance', u.gp_variance), ('mutual_information', u.mutual_information),
+               ('predictive_entropy', u.predictive_entropy),
+               ('expected_entropy', u.expected_entropy),
+               ('max_probability', u.max_probability))
+    for name, value in scalars:
+        if not math.isfinite(value):
+            return f'non-finite {name} ({value}) in {where}'
+        if value < -NEGATIVE_TOLERANCE:
+            return f'negative {name} ({value:.3g}) in {where}'
+    if u.max_probability > 1.0 + NEGATIVE_TOLERANCE:
+        return f'max_probability {u.max_probability:.6g} above 1 in {where}'
     if num_classes > 0:
-        if not -1 <= d.class_index < num_classes:
-            return (f'malformed DetectionArray: detection {i} class_index {d.class_index} '
-                    f'outside [-1, {num_classes})')
-        if d.num_probabilities not in (0, num_classes):
-            return (f'malformed DetectionArray: detection {i} has {d.num_probabilities} '
-                    f'class probabilities for {num_classes} classes')
+        # Entropies of a distribution over C classes lie in [0, ln C] (ln 2 for C = 1, so a
+        # one-class producer that reports a binary entropy is not refused).
+        limit = math.log(max(num_classes, 2)) + 1e-3
+        for name, value in scalars[1:4]:
+            if value > limit:
+                return (f'{name} {value:.6g} above ln({num_classes}) = {limit - 1e-3:.4g} '
+                        f'in {where}')
+    if u.expected_entropy > u.predictive_entropy + 1e-3:
+        return (f'expected_entropy {u.expected_entropy:.6g} above predictive_entropy '
+                f'{u.predictive_entropy:.6g} in {where}')
+    if u.class_variance:
+        if len(u.class_variance) != num_classes:
+            return (f'{len(u.class_variance)} class variances for {num_classes} classes '
+                    f'in {where}')
+        if not _all_finite(u.class_variance):
+            return f'non-finite class_variance in {where}'
+        if min(u.class_variance) < -NEGATIVE_TOLERANCE:
+            return f'negative class_variance in {where}'
     return None
 
 
+def detection_problem(i: int, d: DetectionSummary, num_classes: int) -> str | None:
+    """Why detection ``i`` of a frame with ``num_classes`` class names is invalid, or None.
+
+    The full rule is in ``docs/arbitration.md`` ("Frame validity").
+    """
+    where = f'detection {i}'
+    box = (d.center_x, d.center_y, d.width, d.height)
+    if not _all_finite(box):
+        return f'non-finite box in {where}'
+    if d.width <= 0.0 or d.height <= 0.0:
+        return f'non-positive box size {d.width:g}x{d.height:g} in {where}'
+    if max(abs(v) for v in box) > MAX_BOX_PIXELS:
+        return f'box beyond {MAX_BOX_PIXELS:g} pixels in {where}'
+    if not math.isfinite(d.score) or not 0.0 <= d.score <= 1.0:
+        return f'score {d.score} outside [0, 1] in {where}'
+    if not -1 <= d.class_index < num_classes:
+        return (f'class_index {d.class_index} outside [-1, {num_classes}) '
+                f'({num_classes} class names) in {where}')
+    probs = d.class_probabilities
+    if len(probs) != num_classes:
+        return f'{len(probs)} class probabilities for {num_classes} classes in {where}'
+    if probs:
+        if not _all_finite(probs):
+            return f'non-finite class probability in {where}'
+        if min(probs) < 0.0 or max(probs) > 1.0:
+            return f'class probability outside [0, 1] in {where}'
+        total = math.fsum(probs)
+        if abs(total - 1.0) > PROBABILITY_SUM_TOLERANCE:
+            return f'class probabilities sum to {total:.6g}, not 1, in {where}'
+    return _uncertainty_problem(where, d.uncertainty, num_classes)
+
+
+def too_many_detections(count: int, config: ArbiterConfig) -> str:
+    """Reason given for a frame with ``count`` > ``config.max_detections`` detections."""
+    return (f'invalid DetectionArray: {count} detections, more than max_detections '
+            f'{config.max_detections}')
+
+
+def stamp_problem(stamp_s: float, clock_s: float, config: ArbiterConfig) -> str | None:
+    """Why a frame stamped ``stamp_s`` is unacceptable at ``clock_s`` (same clock), or None.
+
+    Too old (``clock_s - stamp_s > max_frame_age_s``: a zero stamp, a stalled pipeline, a
+    replayed frame) or from the future (``stamp_s - clock_s > max_future_stamp_s``: a
+    producer whose clock runs ahead, or a wrong time source).
+    """
+    age = clock_s - stamp_s
+    if not math.isfinite(age):
+        return f'invalid DetectionArray: stamp {stamp_s} not comparable with the clock'
+    if age > config.max_frame_age_s:
+        return (f'invalid DetectionArray: stamp {age:.3f} s old, more than max_frame_age_s '
+                f'{config.max_frame_age_s:g}')
+    if -age > config.max_future_stamp_s:
+        return (f'invalid DetectionArray: stamp {-age:.3f} s ahead of the clock, more than '
+                f'max_future_stamp_s {config.max_future_stamp_s:g}')
+    return None
+
+
+def limit_command(command: NDArray[np.float64], previous: NDArray[np.float64], dt: float,
+                  config: ArbiterConfig) -> NDArray[np.float64]:
+    """Clamp a command to the speed limits, then its change since ``previous`` (sent
+    ``dt`` seconds earlier) to the acceleration limits.
+
+    Linear (first 3) and angular (last 3) parts are limited by their norm, so the direction
+    is kept. Non-finite components are replaced by zero first (the arbiter never produces
+    them; this is the last line of defence before the robot).
+    """
+    out = np.where(np.isfinite(command), command, 0.0).astype(np.float64)
+    dt = max(0.0, dt) if math.isfinite(dt) else 0.0
+    for part, speed, accel in ((slice(0, 3), config.max_linear_speed, config.max_linear_accel),
+                               (slice(3, 6), config.max_angular_speed,
+                                config.max_angular_accel)):
+        v = out[part]
+        # Scale by the largest component first: the norm of (1.8e308, 0, 0) overflows.
+        largest = float(np.max(np.abs(v)))
+        if largest > 0.0:
+            unit = v / largest
+            norm = largest * float(np.linalg.norm(unit))
+            if norm > speed:
+                v = unit * (speed / float(np.linalg.norm(unit)))
+        change = v - previous[part]
+        step = float(np.linalg.norm(change))
+        if step > accel * dt:
+            v = previous[part] + change * (accel * dt / step)
+        norm = float(np.linalg.norm(v))
+        if norm > speed:  # the speed limit wins when it was lowered below the last command
+            v = v * (speed / norm)
+        out[part] = v
+    return out
+
+
 def assess_frame(detections: Sequence[DetectionSummary], num_classes: int,
-                 config: ArbiterConfig) -> Perception:
-    """Check a frame and pick its driving uncertainty.
+                 config: ArbiterConfig,
+                 frame_uncertainty: UncertaintyValues | None = None) -> Perception:
+    """Check a whole frame and pick its driving uncertainty.
 
     Parameters
     ----------
     detections : sequence of DetectionSummary
         The frame's detections, in message order.
     num_classes : int
-        ``len(DetectionArray.class_names)``; 0 skips the class-index checks.
+        ``len(DetectionArray.class_names)``.
     config : ArbiterConfig
-        Selects the signal and the driving detection.
+        Selects the signal and the driving detection; bounds the number of detections.
+    frame_uncertainty : UncertaintyValues, optional
+        The frame-level ``DetectionArray.uncertainty``, checked by the same rule.
 
     Returns
     -------
     Perception
-        Unusable for an empty frame, any malformed detection, any non-finite or negative
-        value of the signal (one broken value makes the whole frame suspect), or when no
-        detection matches the target; else the driving value. Ties between candidates go
-        to the higher uncertainty, the cautious choice.
+        Unusable for an empty frame, one with more than ``config.max_detections``
+        detections (checked before anything else, so the excess costs nothing), any invalid
+        field of any detection or of the frame-level uncertainty (see
+        :func:`detection_problem`; one broken value makes the whole frame suspect, driving
+        signal or not), or when no detection matches the target; else the driving value.
+        Ties between candidates go to the higher uncertainty, the cautious choice.
     """
     if not detections:
         return Perception(False, math.nan, 'empty DetectionArray: no detection to judge')
+    if len(detections) > config.max_detections:
+        return Perception(False, math.nan, too_many_detections(len(detections), config))
+    if frame_uncertainty is not None:
+        problem = _uncertainty_problem('the frame-level uncertainty', frame_uncertainty,
+                                       num_classes)
+        if problem is not None:
+            return Perception(False, math.nan, f'invalid DetectionArray: {problem}')
     signal = config.uncertainty_signal
     values: list[float] = []
     for i, d in enumerate(detections):
-        problem = _malformed(i, d, num_classes)
+        problem = detection_problem(i, d, num_classes)
         if problem is not None:
-            return Perception(False, math.nan, problem)
+            return Perception(False, math.nan, f'invalid DetectionArray: {problem}')
         u = float(d.gp_variance if signal is UncertaintySignal.GP_VARIANCE
                   else d.mutual_information)
-        if not math.isfinite(u):
-            return Perception(False, math.nan,
-                              f'non-finite {signal.value} ({u}) in detection {i}')
-        if u < -NEGATIVE_TOLERANCE:
-            return Perception(False, math.nan,
-                              f'malformed DetectionArray: negative {signal.value} ({u:.3g}) '
-                              f'in detection {i}')
         values.append(max(u, 0.0))
 
     mode = config.driving_detection
@@ -458,7 +647,8 @@ class Arbiter:
         self._last_change = now
         self._up_since: float | None = None
         self._reason = 'start-up: waiting for perception'
-        self._frame: tuple[Sequence[DetectionSummary], int] | None = None
+        self._frame: tuple[Sequence[DetectionSummary], int,
+                           UncertaintyValues | None] | None = None
         self._perception = Perception(False, math.nan, 'no DetectionArray received yet')
         self._perception_time: float | None = None
         self._stale = True
@@ -468,6 +658,8 @@ class Arbiter:
         self._autonomy_time = -math.inf
         self._override: Level | None = None
         self._override_expires: float | None = None
+        self._sent = np.zeros(TWIST_SIZE)
+        self._sent_time: float | None = None
 
     @property
     def config(self) -> ArbiterConfig:
@@ -493,11 +685,12 @@ class Arbiter:
         self._config = config
         self._up_since = None
         if self._frame is not None:
-            self._perception = assess_frame(*self._frame, config)
+            detections, num_classes, frame_uncertainty = self._frame
+            self._perception = assess_frame(detections, num_classes, config, frame_uncertainty)
         return self.step(now)
 
     def observe(self, now: float, detections: Sequence[DetectionSummary],
-                num_classes: int) -> Step:
+                num_classes: int, frame_uncertainty: UncertaintyValues | None = None) -> Step:
         """Take a perception frame received at ``now`` and decide.
 
         Parameters
@@ -508,12 +701,45 @@ class Arbiter:
             The frame's detections.
         num_classes : int
             Number of class names in the frame (0 when the producer sends none).
+        frame_uncertainty : UncertaintyValues, optional
+            The frame-level uncertainty summary, checked too.
         """
         now = self._clock(now)
-        self._frame = (detections, num_classes)
-        self._perception = assess_frame(detections, num_classes, self._config)
+        self._frame = (detections, num_classes, frame_uncertainty)
+        self._perception = assess_frame(detections, num_classes, self._config, frame_uncertainty)
         self._perception_time = now
         return self.step(now)
+
+    def observe_invalid(self, now: float, reason: str) -> Step:
+        """Take a frame found invalid before it was converted (too large, badly stamped,
+        undecodable): it counts as no valid perception, and ``reason`` is reported."""
+        now = self._clock(now)
+        self._frame = None
+        self._perception = Perception(False, math.nan, reason)
+        self._perception_time = now
+        return self.step(now)
+
+    def reset(self, now: float, reason: str) -> Step:
+        """Forget perception and fall to teleoperation, e.g. when the ROS clock jumps back
+        (a bag replayed in a loop): frames and dwell timers from before the jump mean
+        nothing after it. Commands and an active override are kept."""
+        now = self._clock(now)
+        self._frame = None
+        self._perception = Perception(False, math.nan, reason)
+        self._perception_time = None
+        self._up_since = None
+        return self.step(now)
+
+    def command_to_send(self, now: float, command: ArrayLike) -> NDArray[np.float64]:
+        """Apply the speed and acceleration limits to a command about to be sent to the
+        robot, and remember it as the last one sent. Every published command goes through
+        here (:func:`limit_command`)."""
+        now = self._clock(now)
+        dt = now - self._sent_time if self._sent_time is not None else 0.0
+        vec = np.asarray(command, dtype=np.float64).reshape(TWIST_SIZE)
+        self._sent = limit_command(vec, self._sent, dt, self._config)
+        self._sent_time = now
+        return self._sent.copy()
 
     def operator_command(self, now: float, command: ArrayLike) -> bool:
         """Record the operator's command (6 values); False, and ignored, if malformed."""
@@ -578,9 +804,8 @@ class Arbiter:
         return True, message, step
 
     def _perception_verdict(self, now: float) -> tuple[bool, str]:
-        if not self._perception.usable:
+        if not self._perception.usable or self._perception_time is None:
             return False, self._perception.reason
-        assert self._perception_time is not None
         if now - self._perception_time > self._config.perception_deadline_s:
             return False, ('perception stale: no valid DetectionArray within '
                            f'{self._config.perception_deadline_s:g} s')

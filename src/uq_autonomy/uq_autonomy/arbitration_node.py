@@ -14,12 +14,25 @@ Serves
     ``set_autonomy_override`` (uq_msgs/SetAutonomyOverride).
 
 Deadlines and timers run on the steady clock, so the fail-safe keeps its promise under
-simulated time and clock jumps; message stamps use the node's (ROS) clock.
+simulated time and clock jumps; message stamps use the node's (ROS) clock, against which each
+frame's stamp is checked (``max_frame_age_s``, ``max_future_stamp_s``). When that clock goes
+backwards (a bag replayed in a loop under ``use_sim_time``) the arbiter is reset to
+teleoperation.
+
+Bounded work per message: rclpy normally deserialises a whole message into Python objects
+before the callback runs, so a 20,000-detection array would cost its full conversion however
+quickly the callback then refused it. The ``detections`` subscription therefore takes the
+serialized bytes (``raw=True``), reads the stamp and the detection count from the CDR header
+(:func:`peek_detection_array`) and decodes the message only when the count is within
+``max_detections``. What remains proportional to the size is the middleware's copy of the
+bytes; the reader's history depth (``PERCEPTION_QOS``) bounds how many such copies queue.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import struct
 import sys
 import threading
 import time
@@ -35,8 +48,18 @@ from rclpy.exceptions import ParameterException
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.serialization import deserialize_message
 
-from uq_autonomy.arbiter import Arbiter, ArbiterState, DetectionSummary, Level, Step
+from uq_autonomy.arbiter import (
+    Arbiter,
+    ArbiterState,
+    DetectionSummary,
+    Level,
+    Step,
+    UncertaintyValues,
+    stamp_problem,
+    too_many_detections,
+)
 from uq_autonomy.arbitration_params import NODE_NAME, PARAMETERS, config_from_values
 from uq_common.node_main import node_argument_parser, run_node
 from uq_common.parameters import declare_parameters, plain_value
@@ -45,8 +68,9 @@ from uq_msgs.msg import AutonomyState, DetectionArray
 from uq_msgs.srv import SetAutonomyOverride
 
 # Perception is sensor-like: a best-effort reader matches both best-effort and reliable
-# writers, and a stale frame is worth nothing, so a short queue.
-PERCEPTION_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=5,
+# writers, and a stale frame is worth nothing, so a short queue (which also bounds the
+# memory a flood of oversized messages can hold).
+PERCEPTION_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=2,
                             reliability=ReliabilityPolicy.BEST_EFFORT,
                             durability=DurabilityPolicy.VOLATILE)
 # Input commands: only the latest matters; best-effort accepts either kind of publisher.
@@ -79,12 +103,57 @@ def _twist_vector(msg: Twist) -> tuple[float, ...]:
             msg.angular.x, msg.angular.y, msg.angular.z)
 
 
+def _uncertainty_values(u: Any) -> UncertaintyValues:
+    return UncertaintyValues(u.gp_variance, u.mutual_information, u.predictive_entropy,
+                             u.expected_entropy, u.max_probability,
+                             tuple(float(v) for v in u.class_variance))
+
+
 def detection_summaries(msg: DetectionArray) -> list[DetectionSummary]:
-    """The fields of each detection the arbiter needs (adapter, no logic)."""
-    return [DetectionSummary(d.class_id, d.class_index, d.track_id, d.center_x, d.center_y,
-                             d.width, d.height, d.uncertainty.gp_variance,
-                             d.uncertainty.mutual_information, len(d.class_probabilities))
-            for d in msg.detections]
+    """The fields of each detection the arbiter checks and uses (adapter, no logic)."""
+    out = []
+    for d in msg.detections:
+        u = d.uncertainty
+        out.append(DetectionSummary(
+            d.class_id, d.class_index, d.track_id, d.center_x, d.center_y, d.width, d.height,
+            u.gp_variance, u.mutual_information,
+            tuple(float(p) for p in d.class_probabilities), d.score, u.predictive_entropy,
+            u.expected_entropy, u.max_probability, tuple(float(v) for v in u.class_variance)))
+    return out
+
+
+def frame_uncertainty(msg: DetectionArray) -> UncertaintyValues:
+    """The frame-level uncertainty summary of a DetectionArray."""
+    return _uncertainty_values(msg.uncertainty)
+
+
+# CDR encapsulation identifiers (first two bytes of a serialized ROS 2 message) and the byte
+# order they announce: plain CDR and XCDR2 plain, big and little endian. For the fields read
+# here (int32, uint32, string) both encodings have the same layout.
+_ENCAPSULATION_BYTE_ORDER = {0x0000: '>', 0x0001: '<', 0x0006: '>', 0x0007: '<'}
+
+
+def peek_detection_array(data: bytes) -> tuple[float, int] | None:
+    """Stamp (s) and number of detections of a serialized DetectionArray, read without
+    decoding it: O(length of header.frame_id), whatever the number of detections.
+
+    The layout is ``std_msgs/Header`` (int32 sec, uint32 nanosec, string frame_id as a
+    uint32 length plus bytes) then the ``detections`` sequence length, aligned to 4 bytes
+    from the end of the 4-byte encapsulation header. Returns None when the bytes cannot be
+    such a message (unknown encapsulation, truncated).
+    """
+    if len(data) < 20:
+        return None
+    order = _ENCAPSULATION_BYTE_ORDER.get(int.from_bytes(data[:2], 'big'))
+    if order is None:
+        return None
+    sec, nanosec, name_length = struct.unpack_from(f'{order}iII', data, 4)
+    offset = 16 + name_length
+    offset += (-(offset - 4)) % 4
+    if offset + 4 > len(data):
+        return None
+    (count,) = struct.unpack_from(f'{order}I', data, offset)
+    return sec + nanosec * 1e-9, count
 
 
 class ArbitrationNode(Node):
@@ -118,12 +187,15 @@ class ArbitrationNode(Node):
         self._arbiter = Arbiter(config, time.monotonic())
         self._latency = RollingStats(window=4096)
         self._last_state: ArbiterState | None = None
+        self._last_clock_s = -math.inf
+        self._perception_messages = 0
 
         self._cmd_pub = self.create_publisher(Twist, CMD_VEL_TOPIC, COMMAND_OUT_QOS)
         self._state_pub = self.create_publisher(AutonomyState, STATE_TOPIC, STATE_QOS)
         self._diag_pub = self.create_publisher(DiagnosticArray, '/diagnostics', 10)
+        # Raw bytes: the size and stamp are checked before anything is decoded.
         self.create_subscription(DetectionArray, DETECTIONS_TOPIC, self._on_detections,
-                                 PERCEPTION_QOS)
+                                 PERCEPTION_QOS, raw=True)
         self.create_subscription(Twist, OPERATOR_TOPIC, self._on_operator, COMMAND_IN_QOS)
         self.create_subscription(Twist, AUTONOMY_TOPIC, self._on_autonomy, COMMAND_IN_QOS)
         self.create_service(SetAutonomyOverride, OVERRIDE_SERVICE, self._on_override)
@@ -182,13 +254,51 @@ class ArbitrationNode(Node):
 
     # -- inputs -------------------------------------------------------------------------
 
-    def _on_detections(self, msg: DetectionArray) -> None:
+    def _ros_clock_s(self) -> float:
+        """The node clock in seconds; resets the arbiter when it went backwards (the caller
+        holds the lock)."""
+        now_s = self.get_clock().now().nanoseconds * 1e-9
+        if now_s < self._last_clock_s:
+            reason = (f'clock jumped back {self._last_clock_s - now_s:.3f} s (bag loop or '
+                      '/clock restart): state reset')
+            self.get_logger().warn(reason)
+            self._publish(self._arbiter.reset(time.monotonic(), reason))
+        self._last_clock_s = now_s
+        return now_s
+
+    def _on_detections(self, data: bytes) -> None:
         start = time.perf_counter()
-        summaries = detection_summaries(msg)
+        self._perception_messages += 1
         with self._lock:
-            self._publish(self._arbiter.observe(time.monotonic(), summaries,
-                                                len(msg.class_names)))
-            self._watchdog.reset()
+            clock_s = self._ros_clock_s()
+            config = self._arbiter.config
+            peeked = peek_detection_array(data)
+            if peeked is None:
+                problem: str | None = (f'invalid DetectionArray: {len(data)} bytes that are '
+                                       'not a serialized DetectionArray')
+            else:
+                stamp_s, count = peeked
+                problem = (too_many_detections(count, config)
+                           if count > config.max_detections
+                           else stamp_problem(stamp_s, clock_s, config))
+        if problem is None:
+            try:
+                msg = deserialize_message(data, DetectionArray)
+            except Exception as err:  # noqa: BLE001 - any decoding failure is a bad frame
+                problem = f'invalid DetectionArray: cannot decode ({err})'
+        if problem is None:
+            summaries = detection_summaries(msg)
+            with self._lock:
+                step = self._arbiter.observe(time.monotonic(), summaries, len(msg.class_names),
+                                             frame_uncertainty(msg))
+                self._publish(step)
+                self._watchdog.reset()
+        else:
+            self.get_logger().warn(problem, throttle_duration_sec=2.0)
+            with self._lock:
+                self._publish(self._arbiter.observe_invalid(time.monotonic(), problem))
+                # An invalid frame is no perception: the watchdog keeps counting from the last
+                # valid one.
         self._latency.record_latency((time.perf_counter() - start) * 1e3)
 
     def _on_operator(self, msg: Twist) -> None:
@@ -225,6 +335,7 @@ class ArbitrationNode(Node):
 
     def _on_decision_tick(self) -> None:
         with self._lock:
+            self._ros_clock_s()
             self._publish(self._arbiter.step(time.monotonic()), command=True)
 
     def _on_heartbeat(self) -> None:
@@ -274,7 +385,7 @@ class ArbitrationNode(Node):
                 f'autonomy {step.state.level.label} held: {step.state.reason}'
                 + (' (override active)' if step.state.override_active else ''))
         if command or step.transition is not None:
-            c = step.command
+            c = self._arbiter.command_to_send(time.monotonic(), step.command)
             msg = Twist()
             msg.linear.x, msg.linear.y, msg.linear.z = float(c[0]), float(c[1]), float(c[2])
             msg.angular.x, msg.angular.y, msg.angular.z = float(c[3]), float(c[4]), float(c[5])
@@ -307,6 +418,11 @@ class ArbitrationNode(Node):
     def decision_latency(self) -> RollingStats:
         """Processing time of each DetectionArray callback (conversion, decision, publish)."""
         return self._latency
+
+    @property
+    def perception_messages(self) -> int:
+        """DetectionArray messages that reached the callback, valid or not."""
+        return self._perception_messages
 
     @property
     def level(self) -> Level:

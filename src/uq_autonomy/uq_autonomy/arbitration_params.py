@@ -81,6 +81,28 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
     ParameterSpec('blend_alpha_max', _DEFAULT.blend_alpha_max,
                   'Autonomy weight at the shared level when confidence is highest.',
                   min_value=0.0, max_value=1.0, constraints='>= blend_alpha_min'),
+    ParameterSpec('max_detections', _DEFAULT.max_detections,
+                  'A DetectionArray with more detections is invalid (counted before it is '
+                  'decoded, so the excess costs no work).', min_value=1, max_value=1000000),
+    ParameterSpec('max_frame_age_s', _DEFAULT.max_frame_age_s,
+                  'A DetectionArray stamped longer ago than this on the node clock (ROS time, '
+                  'so /clock under use_sim_time) is invalid.', min_value=0.001,
+                  max_value=3600.0),
+    ParameterSpec('max_future_stamp_s', _DEFAULT.max_future_stamp_s,
+                  'A DetectionArray stamped further ahead of the node clock than this is '
+                  'invalid.', min_value=0.001, max_value=3600.0),
+    ParameterSpec('max_linear_speed', _DEFAULT.max_linear_speed,
+                  'Largest norm of the linear part of any cmd_vel sent (m/s).',
+                  min_value=0.001, max_value=100.0),
+    ParameterSpec('max_angular_speed', _DEFAULT.max_angular_speed,
+                  'Largest norm of the angular part of any cmd_vel sent (rad/s).',
+                  min_value=0.001, max_value=100.0),
+    ParameterSpec('max_linear_accel', _DEFAULT.max_linear_accel,
+                  'Largest rate of change of the linear part of cmd_vel, up and down (m/s^2).',
+                  min_value=0.001, max_value=1000.0),
+    ParameterSpec('max_angular_accel', _DEFAULT.max_angular_accel,
+                  'Largest rate of change of the angular part of cmd_vel, up and down '
+                  '(rad/s^2).', min_value=0.001, max_value=1000.0),
     ParameterSpec('decision_period_s', 0.05,
                   'Period of the decision timer: fail-safe checks, override expiry and cmd_vel '
                   'publication.', min_value=0.001, max_value=1.0, read_only=True),
@@ -158,6 +180,13 @@ def config_from_values(values: Mapping[str, Any]) -> ArbiterConfig:
         operator_deadband=values['operator_deadband'],
         blend_alpha_min=values['blend_alpha_min'],
         blend_alpha_max=values['blend_alpha_max'],
+        max_detections=values['max_detections'],
+        max_frame_age_s=values['max_frame_age_s'],
+        max_future_stamp_s=values['max_future_stamp_s'],
+        max_linear_speed=values['max_linear_speed'],
+        max_angular_speed=values['max_angular_speed'],
+        max_linear_accel=values['max_linear_accel'],
+        max_angular_accel=values['max_angular_accel'],
     )
 
 

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from uq_common.file_kind import describe_file
+
 STRIDE = 4
 # The backbone downsamples four times by 2 and the neck upsamples back to stride 4, so
 # the input height and width must be multiples of 16 for the skip connections to align.
@@ -464,6 +466,12 @@ class CenterNetDetector(nn.Module):
 
     def preprocess(self, image_rgb: np.ndarray) -> torch.Tensor:
         """Validate an RGB uint8 image and turn it into a ``(1, 3, H, W)`` input tensor."""
+        return normalize_images(self.image_tensor(image_rgb))
+
+    def image_tensor(self, image_rgb: np.ndarray) -> torch.Tensor:
+        """Validate an RGB uint8 image and return it as a ``(1, 3, H, W)`` uint8 tensor of
+        ``input_size`` (resized when it differs), still unnormalised: a GPU backend uploads
+        these bytes, a quarter of the float32 input, and normalises on the device."""
         if not isinstance(image_rgb, np.ndarray):
             raise ValueError(f'image must be a numpy array, got {type(image_rgb).__name__}')
         if image_rgb.ndim != 3 or image_rgb.shape[2] != 3:
@@ -478,7 +486,7 @@ class CenterNetDetector(nn.Module):
 
             image_rgb = cv2.resize(image_rgb, (in_w, in_h), interpolation=cv2.INTER_AREA)
         tensor = torch.from_numpy(np.ascontiguousarray(image_rgb)).permute(2, 0, 1)
-        return tensor.unsqueeze(0).to(torch.float32).div_(255.0)
+        return tensor.unsqueeze(0)
 
     @torch.no_grad()
     def detect(self, image_rgb: np.ndarray, score_threshold: float = 0.3,
@@ -513,6 +521,11 @@ class CenterNetDetector(nn.Module):
             self.train(was_training)
         return self.decode(outputs, score_threshold, max_detections,
                            image_sizes=[image_rgb.shape[:2]])[0]
+
+
+def normalize_images(images: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 ``(B, 3, H, W)`` images to the network's ``[0, 1]`` input, on their device."""
+    return images.to(dtype).div_(255.0)
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
@@ -608,12 +621,24 @@ def load_detector(path: str | Path, map_location: str | torch.device = 'cpu',
     path = Path(path)
     if not path.is_file():
         raise ValueError(f'detector file not found: {path}')
+    expected = f'a detector saved by save_detector ({FORMAT_NAME} v{FORMAT_VERSION}, torch zip)'
+    if path.stat().st_size == 0:
+        raise ValueError(f'cannot read detector file {path}: expected {expected}, found '
+                         f'{describe_file(path)}')
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises many types for corrupt files
-        raise ValueError(f'cannot read detector file {path}: {exc}') from exc
+        # torch's own message ("[enforce fail at inline_container.cc:180]") rarely says why;
+        # name what the bytes are instead, and keep torch's text at the end.
+        raise ValueError(f'cannot read detector file {path}: expected {expected}, found '
+                         f'{describe_file(path)} (torch: {str(exc).strip() or type(exc).__name__})'
+                         ) from exc
     if not isinstance(payload, dict) or payload.get('format') != FORMAT_NAME:
-        raise ValueError(f'{path} is not a {FORMAT_NAME} file')
+        found = (f'a {type(payload).__name__}' if not isinstance(payload, dict)
+                 else f'a dict with format {payload.get("format")!r} and keys '
+                      f'{sorted(map(str, payload))[:6]}')
+        raise ValueError(f'{path} is not a {FORMAT_NAME} file: expected {expected}, found '
+                         f'{found}')
     if payload.get('version') != FORMAT_VERSION:
         raise ValueError(f'{path} has format version {payload.get("version")}, '
                          f'this code reads version {FORMAT_VERSION}')

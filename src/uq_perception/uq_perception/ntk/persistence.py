@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from uq_common.file_kind import describe_file
 from uq_perception.ntk.config import FORMAT_NAME, FORMAT_VERSION
 
 
@@ -61,7 +62,10 @@ def read_state(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     except FileNotFoundError:
         raise
     except Exception as exc:
-        raise ValueError(f'{path}: not a readable NTK-GP state file ({exc})') from exc
+        raise ValueError(f'{path}: not a readable NTK-GP state file: expected a NumPy .npz '
+                         f'archive with a "meta" entry (format {FORMAT_NAME}), found '
+                         f'{describe_file(path)} ({str(exc).strip() or type(exc).__name__})'
+                         ) from exc
     if not isinstance(meta, dict) or meta.get('format') != FORMAT_NAME:
         raise ValueError(f'{path}: not an NTK-GP state file (format '
                          f'{meta.get("format") if isinstance(meta, dict) else meta!r})')
