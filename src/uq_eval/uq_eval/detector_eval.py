@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from uq_perception.backends import InferenceBackend
     from uq_perception.detector import CenterNetDetector, Detections
     from uq_perception.detector_data import DetectionSplit
     from uq_perception.ntk import LastLayerNTKGP
@@ -217,6 +219,37 @@ def measure_latency(model: CenterNetDetector, gp: LastLayerNTKGP | None = None,
     return result
 
 
+def measure_backend_latency(backend: InferenceBackend, gp: LastLayerNTKGP | None = None,
+                            runs: int = 200, warmup: int = 20, seed: int = 0
+                            ) -> dict[str, Any]:
+    """The node's per-frame path on ``backend``: ``infer`` (upload, network, one download,
+    decode), then the GP query on the host, in ms. Each ``infer`` is followed by a device
+    synchronisation, so queued GPU work is inside the timer."""
+    height, width = backend.model.input_size
+    rng = np.random.default_rng(seed)
+    image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    infer, full = [], []
+    for n in range(warmup + runs):
+        t0 = time.perf_counter()
+        dets = backend.infer(image, 0.3, 20)
+        backend.synchronize()
+        t1 = time.perf_counter()
+        if gp is not None and len(dets):
+            gp.predict(dets.embeddings, dets.logits)
+        t2 = time.perf_counter()
+        if n >= warmup:
+            infer.append((t1 - t0) * 1e3)
+            full.append((t2 - t0) * 1e3)
+    return {
+        'backend': backend.kind.value, 'device': backend.device_name, 'runs': runs,
+        'input': f'{width}x{height}',
+        'infer_p50': rounded(float(np.percentile(infer, 50)), 2),
+        'infer_p99': rounded(float(np.percentile(infer, 99)), 2),
+        'infer_with_gp_p50': rounded(float(np.percentile(full, 50)), 2),
+        'infer_with_gp_p99': rounded(float(np.percentile(full, 99)), 2),
+    }
+
+
 def _cpu_name() -> str:
     try:
         for line in Path('/proc/cpuinfo').read_text().splitlines():
@@ -228,16 +261,21 @@ def _cpu_name() -> str:
 
 
 def evaluate(model_path: Path, gp_path: Path, data: Path, latency_runs: int = 200,
-             threads: int = 1, progress: bool = True) -> dict[str, Any]:
+             threads: int = 1, progress: bool = True, backend: str = 'pytorch-cpu',
+             engine: str | None = None) -> dict[str, Any]:
     """All metrics of a saved detector and GP on ``data/test`` and ``data/test_unknown``."""
     import torch
 
+    from uq_perception.backends import create_backend
     from uq_perception.detector import load_detector
     from uq_perception.detector_data import load_split
     from uq_perception.ntk import LastLayerNTKGP
 
     torch.set_num_threads(threads)
     model = load_detector(model_path)
+    # Its own copy of the network (a GPU backend moves it), created first so an
+    # unavailable backend fails before the accuracy metrics run.
+    runner = create_backend(backend, load_detector(model_path), engine_path=engine)
     gp = LastLayerNTKGP.load(gp_path, feature_dim=model.embedding_dim,
                              class_names=model.class_names, model_id=model.model_id)
     size = model.input_size
@@ -255,6 +293,7 @@ def evaluate(model_path: Path, gp_path: Path, data: Path, latency_runs: int = 20
     report['uncertainty'] = evaluate_uncertainty(model, gp, test, test_unknown,
                                                  progress=progress)
     report['latency_ms'] = measure_latency(model, gp, runs=latency_runs)
+    report['backend_latency_ms'] = measure_backend_latency(runner, gp, runs=latency_runs)
     report['date'] = time.strftime('%Y-%m-%d %H:%M:%S %Z')
     return report
 
@@ -271,12 +310,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help='torch CPU threads for the accuracy metrics (latency is '
                              'measured with 1 and 2 threads)')
     parser.add_argument('--no-progress', action='store_true', help='hide progress bars')
+    parser.add_argument('--backend', default='pytorch-cpu',
+                        choices=['pytorch-cpu', 'pytorch-cuda', 'tensorrt'],
+                        help='backend of the per-frame latency (backend_latency_ms; '
+                             'device-synchronised)')
+    parser.add_argument('--engine', default=None,
+                        help='TensorRT engine from `uq build-engine` (backend tensorrt)')
     parser.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    report = evaluate(args.model, args.gp, args.data, latency_runs=args.latency_runs,
-                      threads=args.threads, progress=not args.no_progress)
+    from uq_perception.backends import BackendUnavailableError
+
+    try:
+        report = evaluate(args.model, args.gp, args.data, latency_runs=args.latency_runs,
+                          threads=args.threads, progress=not args.no_progress,
+                          backend=args.backend, engine=args.engine)
+    except BackendUnavailableError as exc:
+        print(f'uq eval detector: {exc}', file=sys.stderr)
+        return 2
     text = json.dumps(report, indent=1)
     print(text)
     if args.out is not None:

@@ -1,15 +1,18 @@
 """``uq bench node``: end-to-end latency of the detector node against its bare forward pass.
 
-The detector node runs as its own process (the console script, autostarted) and a
-benchmark node in this process publishes 320x240 frames at a fixed rate over real DDS and
-receives the ``DetectionArray`` answers, matched by stamp. A frame's latency runs from just
-before its publish call to the DDS reception stamp of its answer in this process (system
-clock); how long this harness's own executor then takes to run the callback is reported
-apart, since it is not the node's. In the same run, once a frame's answer is in, the same
-model in this process runs the bare backend call (preprocess + forward + decode) on the
-same frame in what is left of its period, so the node overhead is a ratio of two figures
-measured side by side, frame by frame: timed in two separate phases, the forward p50 drifted
-by up to 1 ms (7 %) between phases on this machine, as much as the overhead itself.
+The detector node runs as its own process (the console script, autostarted) and a benchmark
+node in this process publishes frames (320x240 by default, ``--width``/``--height`` for
+camera sizes) at a fixed rate over real DDS and receives the ``DetectionArray`` answers,
+matched by stamp; ``delivered_ratio`` is answers over frames sent. ``--duration S`` is a
+soak run: the node's RSS over time, the latency drift and the frames lost (``soak``). A
+frame's latency runs from just before its publish call to the DDS reception stamp of its
+answer in this process (system clock); how long this harness's own executor then takes to
+run the callback is reported apart, since it is not the node's. In the same run, once a
+frame's answer is in, the same model in this process runs the bare backend call (preprocess
++ forward + decode) on the same frame in what is left of its period, so the node overhead is
+a ratio of two figures measured side by side, frame by frame: timed in two separate phases,
+the forward p50 drifted by up to 1 ms (7 %) between phases on this machine, as much as the
+overhead itself.
 
 Three overhead ratios are reported (overhead: latency less the forward pass, over it).
 ``node_overhead_ratio`` is end to end, from the harness's publish call to the answer's
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -42,7 +46,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from uq_perception.backends import TorchBackend
+    from uq_perception.backends import InferenceBackend
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +54,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     from uq_perception.detector_node import PARAMETERS
 
     defaults = {spec.name: spec.default for spec in PARAMETERS}
+    choices = {spec.name: spec.choices for spec in PARAMETERS}
     parser.add_argument('--model', default=defaults['model_path'], help='detector weights')
     parser.add_argument('--gp', default=defaults['gp_path'], help='NTK-GP artefact')
     parser.add_argument('--frames', type=int, default=300, help='frames per rate')
@@ -57,40 +62,123 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help='publish rate in Hz (repeatable; default 15)')
     parser.add_argument('--threads', type=int, default=1,
                         help='torch CPU threads, the same for the node and the bare forward')
+    parser.add_argument('--backend', default=defaults['backend'],
+                        choices=choices['backend'],
+                        help='inference backend of the node and of the bare forward '
+                             '(GPU backends are timed device-synchronised)')
+    parser.add_argument('--engine', default='',
+                        help='TensorRT engine from `uq build-engine` (backend tensorrt)')
+    parser.add_argument('--width', type=int, default=320, help='image width in pixels')
+    parser.add_argument('--height', type=int, default=240, help='image height in pixels')
+    parser.add_argument('--duration', type=float,
+                        help='soak mode: publish for this many seconds (overrides --frames) '
+                             'and report the node RSS over time, latency drift and frames lost')
+    parser.add_argument('--rss-interval', type=float, default=5.0,
+                        help='seconds between RSS samples in soak mode')
     parser.add_argument('--domain-id', type=int, default=77,
                         help='ROS_DOMAIN_ID for the benchmark (keep it private)')
     parser.set_defaults(run=run)
 
 
+def _resize_nearest(frame: np.ndarray, height: int, width: int) -> np.ndarray:
+    rows = (np.arange(height) * frame.shape[0] // height).astype(np.intp)
+    cols = (np.arange(width) * frame.shape[1] // width).astype(np.intp)
+    return np.ascontiguousarray(frame[rows][:, cols])
+
+
 def _frames(count: int, height: int = 240, width: int = 320) -> list[np.ndarray]:
-    """Rendered frames of the demo scenario (known and unknown objects on the table)."""
+    """Frames of the demo scenario (known and unknown objects on the table), rendered at
+    320x240 and scaled to ``width`` x ``height`` (nearest neighbour): what matters at camera
+    sizes is the bytes moved and the node's resize, not extra scene detail."""
     from uq_sim.scenario import get_scenario
     from uq_sim.scene import SceneRenderer
 
     scenario = get_scenario('tabletop_demo')
     frames = []
-    with SceneRenderer(width, height) as renderer:
+    with SceneRenderer(320, 240) as renderer:
         renderer.load(scenario.spec)
         for t in np.linspace(0.0, scenario.duration, min(count, 30), endpoint=False):
             scenario.apply(renderer, float(t), loop=False)
             frames.append(renderer.render(visibility=False).rgb)
+    if (height, width) != (240, 320):
+        frames = [_resize_nearest(f, height, width) for f in frames]
     return frames
 
 
-def _bare_backend(model_path: str, threads: int, warmup_frames: list[np.ndarray]
-                  ) -> TorchBackend:
-    """The node's CPU backend in this process, warmed up; the allocator setting is the node's."""
+def _rss_mib(pid: int) -> float | None:
+    """Resident set size of a process (Linux /proc), MiB."""
+    try:
+        for line in Path(f'/proc/{pid}/status').read_text().splitlines():
+            if line.startswith('VmRSS:'):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+class RssSampler:
+    """Samples a process's RSS every ``interval`` seconds from its own thread."""
+
+    def __init__(self, pid: int, interval: float) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self._pid, self._interval = pid, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name='uq_bench_rss', daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            rss = _rss_mib(self._pid)
+            if rss is not None:
+                self.samples.append((time.monotonic(), round(rss, 1)))
+            if self._stop.wait(self._interval):
+                return
+
+    def stop(self) -> list[tuple[float, float]]:
+        self._stop.set()
+        self._thread.join()
+        return self.samples
+
+
+def _soak_summary(latencies_ms: np.ndarray, rate_hz: float, rss: list[tuple[float, float]],
+                  sent: int, stream_start: float) -> dict:
+    """Latency drift (p99 of the last window over the first; windows of a minute, or a third
+    of the run when shorter), RSS growth after warm-up (the first 10 % of the timed stream;
+    node start-up and model loading come before it) and frames lost. RSS times are seconds
+    from the start of the timed stream (negative: start-up)."""
+    duration = sent / rate_hz
+    rss = [(round(t - stream_start, 1), r) for t, r in rss]
+    window = int(rate_hz * min(60.0, duration / 3.0))
+    first = float(np.percentile(latencies_ms[:window], 99))
+    last = float(np.percentile(latencies_ms[-window:], 99))
+    warm = [r for t, r in rss if t >= 0.1 * duration] or [r for _, r in rss]
+    return {
+        'duration_s': duration,
+        'window_s': window / rate_hz,
+        'latency_p99_first_window_ms': first,
+        'latency_p99_last_window_ms': last,
+        'latency_p99_drift': last / first,
+        'rss_mib_over_time': rss,
+        'rss_growth_after_warmup_mib': (warm[-1] - warm[0]) if warm else None,
+        'frames_lost': sent - len(latencies_ms),
+    }
+
+
+def _bare_backend(model_path: str, threads: int, warmup_frames: list[np.ndarray],
+                  kind: str = 'pytorch-cpu', engine: str = '') -> InferenceBackend:
+    """The node's backend in this process, warmed up; the allocator setting is the node's."""
     import torch
 
-    from uq_perception.backends import TorchBackend
+    from uq_perception.backends import create_backend
     from uq_perception.detector import load_detector
     from uq_perception.memory_tuning import retain_freed_memory
 
     torch.set_num_threads(threads)
     retain_freed_memory()
-    backend = TorchBackend(load_detector(model_path))
+    backend = create_backend(kind, load_detector(model_path), engine_path=engine or None)
     for frame in warmup_frames:
         backend.infer(frame, 0.3, 20)
+    backend.synchronize()
     return backend
 
 
@@ -101,7 +189,7 @@ def _latency_trend(latencies_ms: np.ndarray) -> float:
 
 
 def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int,
-              backend: TorchBackend) -> dict:
+              backend: InferenceBackend) -> dict:
     from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.executors import SingleThreadedExecutor
     from rclpy.node import Node
@@ -187,6 +275,7 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int,
             for frame in frames[:3]:
                 backend.infer(frame, 0.3, 20)
             start = time.perf_counter()
+            timing['stream_start'] = time.monotonic()
             for i in range(count):
                 msg = Image(**fields[i % len(fields)])
                 msg.header.stamp.sec, msg.header.stamp.nanosec = 1 + i, 0
@@ -207,6 +296,7 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int,
                         (1 + i, 0) in latencies and next_due - time.perf_counter() > budget:
                     begin = time.perf_counter()
                     backend.infer(frames[i % len(frames)], 0.3, 20)
+                    backend.synchronize()  # a GPU's queued work counts to the forward
                     forward_ms.append((time.perf_counter() - begin) * 1e3)
             timing['elapsed'] = time.perf_counter() - start
             drain = time.perf_counter() + 2.0
@@ -230,16 +320,22 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int,
     executor.shutdown()
     node.destroy_node()
     ordered = np.array([latencies[k] for k in sorted(latencies)])
+    if not len(ordered):
+        raise RuntimeError(f'none of the {count} frames at {rate_hz} Hz was answered')
     if len(forward_ms) < len(ordered) / 2:
-        raise RuntimeError(f'only {len(forward_ms)} of {len(ordered)} periods at {rate_hz} Hz '
-                           'left room for the bare forward pass, too few for the ratio; use '
-                           'a lower --rate')
+        # Delivery and latency still stand; the ratios to the bare forward pass do not.
+        print(f'[bench node] only {len(forward_ms)} of {len(ordered)} periods at {rate_hz} Hz '
+              'left room for the bare forward pass: the overhead ratios are NaN (use a lower '
+              '--rate for them)', file=sys.stderr)
+        forward_ms = [math.nan]
     forward_p50 = float(np.percentile(forward_ms, 50))
     latency_p50 = float(np.percentile(ordered, 50))
     node_latency_p50 = float(node_report.get('latency_p50_ms', 'nan'))
     node_forward_p50 = float(node_report.get('forward_p50_ms', 'nan'))
     node_overhead_p50 = float(node_report.get('overhead_p50_ms', 'nan'))
     return {
+        'latencies_ms': ordered,
+        'stream_start': timing['stream_start'],
         'rate_hz_requested': rate_hz,
         'rate_hz_published': count / elapsed,
         'rate_hz_answered': len(ordered) / elapsed,
@@ -279,23 +375,43 @@ def run(args: argparse.Namespace) -> int:
             return 2
     env = os.environ | {'ROS_DOMAIN_ID': str(args.domain_id)}
     os.environ['ROS_DOMAIN_ID'] = str(args.domain_id)
-    frames = _frames(args.frames)
-    backend = _bare_backend(args.model, args.threads, frames[:5])
+    frames = _frames(args.frames, args.height, args.width)
+    from uq_perception.backends import BackendUnavailableError
+
+    try:
+        backend = _bare_backend(args.model, args.threads, frames[:5], args.backend, args.engine)
+    except (BackendUnavailableError, ValueError) as exc:
+        print(f'uq bench node: {exc}', file=sys.stderr)
+        return 2
     node_process = subprocess.Popen(
         [sys.executable, '-m', 'uq_perception.detector_node', '--ros-args',
          '-p', 'autostart:=true', '-p', f'model_path:={args.model}',
          '-p', f'gp_path:={args.gp}', '-p', f'torch_threads:={args.threads}',
+         '-p', f'backend:={args.backend}',
+         # rcl cannot parse an empty override ("engine_path:="): pass it only when set.
+         *(['-p', f'engine_path:={args.engine}'] if args.engine else []),
          '--log-level', 'warn'], env=env)
     rclpy.init()
     try:
         for rate in args.rate or [15.0]:
-            print(f'[bench node] {args.frames} frames at {rate} Hz ...', file=sys.stderr)
-            result = _run_rate(rate, frames, args.frames, backend)
+            count = int(round(args.duration * rate)) if args.duration else args.frames
+            print(f'[bench node] {count} frames of {args.width}x{args.height} at {rate} Hz ...',
+                  file=sys.stderr)
+            sampler = RssSampler(node_process.pid, args.rss_interval) if args.duration else None
+            result = _run_rate(rate, frames, count, backend)
+            latencies = result.pop('latencies_ms')
+            if sampler is not None:
+                result['soak'] = _soak_summary(latencies, rate, sampler.stop(), count,
+                                               result.pop('stream_start'))
+            result.pop('stream_start', None)
             result |= {
                 'sustained': bool(result['frames_answered'] >= 0.95 * result['frames_sent']
                                   and result['latency_trend'] < 1.5),
-                'image_size': '320x240',
+                'delivered_ratio': result['frames_answered'] / result['frames_sent'],
+                'image_size': f'{args.width}x{args.height}',
+                'fastdds_profile': os.environ.get('FASTRTPS_DEFAULT_PROFILES_FILE'),
                 'torch_threads': args.threads,
+                'backend': args.backend, 'device': backend.device_name,
                 'load_average_1min': os.getloadavg()[0],
             }
             print(json.dumps(result), flush=True)

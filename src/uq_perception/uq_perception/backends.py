@@ -17,13 +17,22 @@ installed on the CPU path.
 from __future__ import annotations
 
 import abc
+import copy
+import json
+import time
 from enum import Enum
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from uq_perception.detector import CenterNetDetector, Detections
+from uq_perception.detector import CenterNetDetector, Detections, normalize_images
+
+#: The candidate tensors :meth:`CenterNetDetector.decode` reads, in the order they are packed
+#: into one device buffer so a frame needs a single device-to-host copy.
+DECODED_OUTPUTS = ('scores', 'boxes', 'embeddings', 'logits')
+#: Precision every engine is built in (``uq build-engine``).
+ENGINE_PRECISION = 'fp16'
 
 
 class BackendKind(str, Enum):
@@ -38,6 +47,10 @@ class BackendUnavailableError(RuntimeError):
     """The requested backend cannot run on this machine; the message says why."""
 
 
+class EngineMismatchError(BackendUnavailableError):
+    """A TensorRT engine was built from another detector (or input size, or precision)."""
+
+
 class InferenceBackend(abc.ABC):
     """Runs the detector on one image."""
 
@@ -45,6 +58,7 @@ class InferenceBackend(abc.ABC):
 
     def __init__(self, model: CenterNetDetector) -> None:
         self.model = model
+        self._device = torch.device('cpu')
 
     @property
     @abc.abstractmethod
@@ -55,6 +69,63 @@ class InferenceBackend(abc.ABC):
     def infer(self, image_rgb: np.ndarray, score_threshold: float,
               max_detections: int) -> Detections:
         """Detect objects in an ``(H, W, 3)`` uint8 RGB image."""
+
+    def synchronize(self) -> None:
+        """Wait for the device's queued work, so a timer around ``infer`` measures it all."""
+        if self._device.type == 'cuda':
+            torch.cuda.synchronize(self._device)
+
+    def warm_up(self, frames: int) -> float:
+        """Run ``frames`` inferences on a blank input of the model's size, so the first
+        camera frames do not pay for lazy initialisation (CUDA context, kernel selection,
+        TensorRT execution context, pinned buffers). Returns the seconds it took."""
+        height, width = self.model.input_size
+        blank = np.zeros((height, width, 3), np.uint8)
+        start = time.perf_counter()
+        for _ in range(frames):
+            self.infer(blank, 0.0, 1)
+        self.synchronize()
+        return time.perf_counter() - start
+
+    def _unpack(self, packed: torch.Tensor, widths: list[int], image_rgb: np.ndarray,
+                score_threshold: float, max_detections: int) -> Detections:
+        """Decode the packed ``(1, K, sum(widths))`` float32 host tensor."""
+        parts = torch.split(packed, widths, dim=2)
+        outputs = dict(zip(DECODED_OUTPUTS, parts, strict=True))
+        outputs['scores'] = outputs['scores'][..., 0]
+        return self.model.decode(outputs, score_threshold, max_detections,
+                                 image_sizes=[image_rgb.shape[:2]])[0]
+
+
+def _pack_candidates(outputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+    """The decoded outputs as one float32 ``(B, K, 1 + 4 + D + C)`` tensor on their device,
+    so a frame needs one device-to-host copy; the full maps never leave the device."""
+    parts = [outputs['scores'].unsqueeze(-1)] + [outputs[k] for k in DECODED_OUTPUTS[1:]]
+    packed = torch.cat([part.float() for part in parts], dim=2)
+    return packed, [part.shape[-1] for part in parts]
+
+
+class _DeviceTransfers:
+    """Pinned host staging buffers for one CUDA device: the uint8 frame goes up from a
+    pinned buffer (asynchronous, a quarter of a float32 upload) and the packed candidates
+    come back into one, with a single synchronisation per frame."""
+
+    def __init__(self, device: torch.device, input_size: tuple[int, int]) -> None:
+        height, width = input_size
+        self.device = device
+        self.upload = torch.empty((1, 3, height, width), dtype=torch.uint8, pin_memory=True)
+        self.download: torch.Tensor | None = None
+
+    def to_device(self, images_uint8: torch.Tensor) -> torch.Tensor:
+        self.upload.copy_(images_uint8)
+        return self.upload.to(self.device, non_blocking=True)
+
+    def to_host(self, packed: torch.Tensor) -> torch.Tensor:
+        if self.download is None or self.download.shape != packed.shape:
+            self.download = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+        self.download.copy_(packed, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return self.download
 
 
 class TorchBackend(InferenceBackend):
@@ -75,6 +146,8 @@ class TorchBackend(InferenceBackend):
             raise ValueError(f'TorchBackend does not run {kind.value}')
         self.kind = kind
         self.model = model.to(self._device).eval()
+        self._transfers = (_DeviceTransfers(self._device, model.input_size)
+                           if self._device.type == 'cuda' else None)
 
     @property
     def device_name(self) -> str:
@@ -85,11 +158,13 @@ class TorchBackend(InferenceBackend):
     @torch.inference_mode()
     def infer(self, image_rgb: np.ndarray, score_threshold: float,
               max_detections: int) -> Detections:
-        images = self.model.preprocess(image_rgb).to(self._device, non_blocking=True)
-        outputs = self.model(images)
-        detections = self.model.decode(outputs, score_threshold, max_detections,
-                                       image_sizes=[image_rgb.shape[:2]])[0]
-        return detections
+        images = self.model.image_tensor(image_rgb)
+        if self._transfers is not None:
+            images = self._transfers.to_device(images)
+        packed, widths = _pack_candidates(self.model(normalize_images(images)))
+        if self._transfers is not None:
+            packed = self._transfers.to_host(packed)
+        return self._unpack(packed, widths, image_rgb, score_threshold, max_detections)
 
 
 def _require_tensorrt():
@@ -97,24 +172,92 @@ def _require_tensorrt():
         raise BackendUnavailableError(
             'backend tensorrt needs an NVIDIA GPU with CUDA (and TensorRT); '
             'torch.cuda.is_available() is False here (use pytorch-cpu)')
+    return import_torch_tensorrt()
+
+
+def import_torch_tensorrt():
+    """Import torch-tensorrt, turning every way its import fails into a clear
+    :class:`BackendUnavailableError`: a missing package (``ImportError``), but also a
+    broken install, whose import raises ``OSError`` (a shared library that does not load)
+    or a bare ``Exception`` (torch-tensorrt's own check of the TensorRT/CUDA versions)."""
     try:
         import torch_tensorrt
     except ImportError as exc:
         raise BackendUnavailableError(
-            'backend tensorrt needs torch-tensorrt: pip install -r requirements/gpu.in '
-            f'({exc})') from exc
+            'backend tensorrt needs torch-tensorrt, which is not installed: see '
+            f'docs/gpu_jetson.md (pip install -r requirements/gpu.in) ({exc})') from exc
+    except Exception as exc:  # noqa: BLE001 - any failure of a broken GPU stack
+        raise BackendUnavailableError(
+            'backend tensorrt: torch-tensorrt is installed but fails to load '
+            f'({type(exc).__name__}: {exc}); its torch, CUDA and TensorRT versions must '
+            'match (docs/gpu_jetson.md)') from exc
     return torch_tensorrt
 
 
+def engine_metadata_path(engine_path: str | Path) -> Path:
+    """The JSON file next to an engine that names the model it was built from."""
+    engine_path = Path(engine_path)
+    return engine_path.with_name(engine_path.name + '.json')
+
+
+def engine_metadata(model: CenterNetDetector, precision: str = ENGINE_PRECISION) -> dict:
+    """What an engine must agree on with the detector and GP it runs for."""
+    return {'model_id': getattr(model, 'model_id', '') or '',
+            'input_size': [int(v) for v in model.input_size],
+            'precision': precision}
+
+
+def write_engine_metadata(engine_path: str | Path, model: CenterNetDetector,
+                          precision: str = ENGINE_PRECISION) -> Path:
+    """Write the sidecar of :func:`engine_metadata_path` for ``model``."""
+    path = engine_metadata_path(engine_path)
+    path.write_text(json.dumps(engine_metadata(model, precision), indent=2) + '\n')
+    return path
+
+
+def check_engine_metadata(engine_path: str | Path, model: CenterNetDetector) -> dict:
+    """Refuse an engine that was not built from ``model`` (``EngineMismatchError`` naming
+    both model ids), has another input size or precision, or has no readable sidecar.
+
+    An engine of another ``detector.pt`` would run, but its embeddings would not be the
+    ones the NTK-GP was fitted for, so every variance would silently be wrong.
+    """
+    path = engine_metadata_path(engine_path)
+    try:
+        found = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise EngineMismatchError(
+            f'TensorRT engine {engine_path} has no metadata file {path}: rebuild it with '
+            f'`uq build-engine --out {engine_path}`') from None
+    except (OSError, ValueError) as exc:
+        raise EngineMismatchError(f'TensorRT engine metadata {path} is unreadable: {exc}'
+                                  ) from exc
+    if not isinstance(found, dict):
+        raise EngineMismatchError(f'TensorRT engine metadata {path} is not a JSON object')
+    expected = engine_metadata(model)
+    if found.get('model_id') != expected['model_id']:
+        raise EngineMismatchError(
+            f'TensorRT engine {engine_path} was built from model {found.get("model_id")!r}, '
+            f'but the detector is model {expected["model_id"]!r}: rebuild the engine with '
+            f'`uq build-engine --out {engine_path}`')
+    for key in ('input_size', 'precision'):
+        if found.get(key) != expected[key]:
+            raise EngineMismatchError(
+                f'TensorRT engine {engine_path} has {key} {found.get(key)!r}, the detector '
+                f'{expected["model_id"]!r} needs {expected[key]!r}: rebuild the engine')
+    return found
+
+
 def build_tensorrt_engine(model: CenterNetDetector, out_path: str | Path) -> Path:
-    """Compile the detector network with torch-tensorrt in FP16 and save the engine.
+    """Compile the detector network with torch-tensorrt in FP16 and save the engine, with
+    the sidecar of :func:`write_engine_metadata` (model id, input size, precision).
 
     Engines are specific to the GPU and TensorRT version they were built with: build on
     the target (``uq build-engine``); they are built artefacts, never committed.
     """
     torch_tensorrt = _require_tensorrt()
     device = torch.device('cuda')
-    module = model.to(device).eval().half()
+    module = copy.deepcopy(model).to(device).eval().half()  # the caller's model stays float
     height, width = model.input_size
     inputs = [torch.rand(1, 3, height, width, device=device, dtype=torch.float16)]
     compiled = torch_tensorrt.compile(module, ir='dynamo', inputs=inputs,
@@ -122,6 +265,7 @@ def build_tensorrt_engine(model: CenterNetDetector, out_path: str | Path) -> Pat
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     torch_tensorrt.save(compiled, str(out_path), inputs=inputs)
+    write_engine_metadata(out_path, model)
     return out_path
 
 
@@ -138,8 +282,16 @@ class TensorRTBackend(InferenceBackend):
             raise BackendUnavailableError(
                 f'TensorRT engine {engine_path} not found; build it on this machine with '
                 f'`uq build-engine --out {engine_path}`')
+        check_engine_metadata(engine_path, model)
         self._device = torch.device('cuda')
-        self._engine = torch.export.load(str(engine_path)).module()
+        try:
+            self._engine = torch.export.load(str(engine_path)).module()
+        except Exception as exc:  # noqa: BLE001 - a corrupt file or a TensorRT/GPU mismatch
+            raise BackendUnavailableError(
+                f'TensorRT engine {engine_path} does not load ({type(exc).__name__}: {exc}); '
+                'engines are specific to the GPU and TensorRT version: rebuild it on this '
+                f'machine with `uq build-engine --out {engine_path}`') from exc
+        self._transfers = _DeviceTransfers(self._device, model.input_size)
 
     @property
     def device_name(self) -> str:
@@ -148,10 +300,10 @@ class TensorRTBackend(InferenceBackend):
     @torch.inference_mode()
     def infer(self, image_rgb: np.ndarray, score_threshold: float,
               max_detections: int) -> Detections:
-        images = self.model.preprocess(image_rgb).to(self._device, torch.float16)
-        outputs = {k: v.float() for k, v in self._engine(images).items()}
-        return self.model.decode(outputs, score_threshold, max_detections,
-                                 image_sizes=[image_rgb.shape[:2]])[0]
+        images = self._transfers.to_device(self.model.image_tensor(image_rgb))
+        packed, widths = _pack_candidates(self._engine(normalize_images(images, torch.float16)))
+        packed = self._transfers.to_host(packed)
+        return self._unpack(packed, widths, image_rgb, score_threshold, max_detections)
 
 
 def create_backend(kind: BackendKind | str, model: CenterNetDetector,

@@ -1,4 +1,7 @@
-"""``uq build-engine``: compile the detector and its GP query into a TensorRT engine."""
+"""``uq build-engine``: compile the detector network into a TensorRT engine.
+
+The engine holds the network only; the NTK-GP query runs on the host.
+"""
 
 from __future__ import annotations
 
