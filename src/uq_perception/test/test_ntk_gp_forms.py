@@ -174,3 +174,52 @@ def test_function_space_caps_experts_and_validates(problem, caplog):
             FunctionSpaceNTKGP(model)
     finally:
         model.eval()
+
+
+def _exact_variance(feats: np.ndarray, query_feats: np.ndarray, sigma2: float,
+                    delta: float) -> np.ndarray:
+    """k** - k*^T (K + sigma^2 I)^{-1} k* in 50-digit arithmetic (mpmath)."""
+    import mpmath
+
+    mpmath.mp.dps = 50
+    n = len(feats)
+    f = mpmath.matrix(feats.tolist())
+    q = mpmath.matrix(query_feats.tolist())
+    d, s2 = mpmath.mpf(delta), mpmath.mpf(sigma2)
+    kernel = (f * f.T + mpmath.ones(n, n)) / d + s2 * mpmath.eye(n)
+    out = []
+    for i in range(q.rows):
+        row = q[i, :]
+        cross = (f * row.T + mpmath.ones(n, 1)) / d
+        prior = ((row * row.T)[0] + 1) / d
+        out.append(float(prior - (cross.T * mpmath.lu_solve(kernel, cross))[0]))
+    return np.array(out)
+
+
+@pytest.mark.parametrize(('sigma2', 'delta'), [(1e-3, 1e-3), (0.5, 2.0)],
+                         ids=['ill-conditioned', 'well-conditioned'])
+def test_both_forms_match_high_precision_arithmetic(sigma2, delta):
+    # 80 training points of a small ReLU MLP with 24-dimensional features: at
+    # sigma^2 = delta = 1e-3 the function-space system has a condition number near 1e8.
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(6, 24), nn.ReLU(), nn.Linear(24, C)).double().eval()
+    inputs = torch.randn(80, 6, dtype=torch.float64)
+    queries = torch.cat([torch.randn(6, 6, dtype=torch.float64),
+                         4.0 * torch.randn(2, 6, dtype=torch.float64)])
+    with torch.no_grad():
+        feats = model[1](model[0](inputs)).numpy()
+        query_feats = model[1](model[0](queries)).numpy()
+        labels = model(inputs).argmax(1).numpy()
+    head = (model[2].weight.detach().numpy(), model[2].bias.detach().numpy())
+    system = (feats @ feats.T + 1.0) / delta + sigma2 * np.eye(len(feats))
+    if sigma2 < 1e-2:
+        assert np.linalg.cond(system) > 1e7
+    exact = _exact_variance(feats, query_feats, sigma2, delta)
+
+    function_space = FunctionSpaceNTKGP(model).fit(inputs, labels,
+                                                   hyperparameters=(sigma2, delta))
+    weight_space = LastLayerNTKGP(*head)
+    weight_space.fit(feats, labels)
+    weight_space.set_hyperparameters(sigma2, delta)
+    assert _relative(function_space.predict(queries).gp_variance, exact) < 1e-6
+    assert _relative(weight_space.predict(query_feats).gp_variance, exact) < 1e-9

@@ -40,7 +40,7 @@ from torch.func import functional_call, jacrev, vmap
 from uq_perception.ntk.config import Gating, NTKGPConfig, UncertaintyOutput
 from uq_perception.ntk.evidence import SpectralEvidence, fit_expert_hyperparameters
 from uq_perception.ntk.gating import kmeans
-from uq_perception.ntk.linalg import spd_inverse
+from uq_perception.ntk.linalg import spd_cholesky
 from uq_perception.ntk.predictive import antithetic_normal_draws, summarise_gaussian_logits
 
 logger = logging.getLogger(__name__)
@@ -234,7 +234,10 @@ class FunctionSpaceNTKGP:
         for e, expert in enumerate(self._experts):
             jac = expert['jac'].reshape(-1, self.num_parameters)
             system = jac @ jac.T / self.delta[e] + self.sigma2[e] * np.eye(len(jac))
-            expert['inverse'] = spd_inverse(system, f'function-space system of expert {e}') \
+            # Kept as a Cholesky factor: queries solve with it (k*^T (K + s^2 I)^-1 k* =
+            # |L^-1 k*|^2); an explicit inverse loses the variance to cancellation when the
+            # system is ill-conditioned.
+            expert['cholesky'] = spd_cholesky(system, f'function-space system of expert {e}') \
                 if len(jac) else np.zeros((0, 0))
         return self
 
@@ -284,7 +287,12 @@ class FunctionSpaceNTKGP:
             train = expert['jac'].reshape(-1, self.num_parameters)
             if len(train):
                 cross = jac[rows] @ train.T / self.delta[e]
-                prior -= np.einsum('bcn,nk,bdk->bcd', cross, expert['inverse'], cross)
+                b, c = cross.shape[:2]
+                solved = torch.linalg.solve_triangular(
+                    torch.from_numpy(expert['cholesky']),
+                    torch.from_numpy(np.ascontiguousarray(cross.reshape(b * c, -1).T)),
+                    upper=False).numpy().T.reshape(b, c, -1)
+                prior -= np.einsum('bcn,bdn->bcd', solved, solved)
             cov[rows] = 0.5 * (prior + prior.transpose(0, 2, 1))
         return logits, cov, experts
 

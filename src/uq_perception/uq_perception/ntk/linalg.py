@@ -13,16 +13,16 @@ from uq_perception.ntk.config import MAX_CONDITION, MAX_FEATURE_MAGNITUDE
 logger = logging.getLogger(__name__)
 
 
-def spd_inverse(matrix: np.ndarray, what: str, max_condition: float = MAX_CONDITION
-                ) -> np.ndarray:
-    """Inverse of a symmetric positive (semi)definite matrix through its Cholesky factor.
+def spd_cholesky(matrix: np.ndarray, what: str, max_condition: float = MAX_CONDITION
+                 ) -> np.ndarray:
+    """Lower Cholesky factor ``L`` (``L L^T = matrix``) of a symmetric positive
+    (semi)definite matrix.
 
-    The condition number is estimated from the Cholesky pivots, ``(max L_ii / min L_ii)^2``
-    (a lower bound of the true one); the inverse is ``L^{-T} L^{-1}``. If the factorisation
-    fails or the estimate exceeds ``max_condition``, a jitter ``epsilon I`` (starting at
-    ``mean(diag) / max_condition``, growing tenfold) is added and a warning is logged: the
-    result is then the inverse of a slightly more regularised matrix, which keeps every
-    variance finite.
+    The condition number is estimated from the pivots, ``(max L_ii / min L_ii)^2`` (a lower
+    bound of the true one). If the factorisation fails or the estimate exceeds
+    ``max_condition``, a jitter ``epsilon I`` (starting at ``mean(diag) / max_condition``,
+    growing tenfold) is added and a warning is logged: the result then factors a slightly
+    more regularised matrix, which keeps every variance finite.
 
     Raises
     ------
@@ -50,6 +50,14 @@ def spd_inverse(matrix: np.ndarray, what: str, max_condition: float = MAX_CONDIT
     if jitter > 0.0:
         logger.warning('%s is near-singular; added jitter %.3g (relative %.1e) to keep the '
                        'GP variances finite', what, jitter, jitter / scale)
+    return factor.numpy()
+
+
+def spd_inverse(matrix: np.ndarray, what: str, max_condition: float = MAX_CONDITION
+                ) -> np.ndarray:
+    """Inverse ``L^{-T} L^{-1}`` of a symmetric positive (semi)definite matrix through its
+    Cholesky factor (:func:`spd_cholesky`, with its conditioning guard)."""
+    factor = torch.from_numpy(spd_cholesky(matrix, what, max_condition))
     inverse = torch.cholesky_inverse(factor).numpy()
     return 0.5 * (inverse + inverse.T)
 
