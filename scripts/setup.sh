@@ -17,9 +17,10 @@ log() { printf '[setup] %s\n' "$*"; }
 
 stamp_of() { cat "$@" | sha256sum | cut -d' ' -f1; }
 
-# 1. EGL/Mesa for MuJoCo's offscreen renderer; xmllint for the package.xml checks.
+# 1. EGL/Mesa for MuJoCo's offscreen renderer; xmllint for the package.xml checks; Debian's
+#    chromium for the labelling page's browser test (Playwright drives it, never downloads one).
 missing=()
-for pkg in libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6 libxml2-utils; do
+for pkg in libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6 libxml2-utils chromium; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -39,7 +40,20 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON_BIN" -m venv "$VENV"
 fi
 if [ "$(cat "$VENV/.uq-requirements-stamp" 2>/dev/null)" != "$req_stamp" ]; then
-  log "installing Python packages (ROS 2 Jazzy wheels, torch CPU, ...); this takes a few minutes"
+  log "installing Python packages (ROS 2 Jazzy wheels, torch, ...); this takes a few minutes"
+  # PyPI's torch==2.13.0 for x86_64 is the CUDA build (with nvidia-* wheels, several GB);
+  # the CPU build lives on PyTorch's own index. UQ_TORCH_INDEX_URL picks an index for torch
+  # alone (e.g. https://download.pytorch.org/whl/cpu); without it pip's configuration
+  # decides, which on a plain machine means PyPI's CUDA build.
+  if [ -n "${UQ_TORCH_INDEX_URL:-}" ]; then
+    log "installing torch from $UQ_TORCH_INDEX_URL"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+      --index-url "$UQ_TORCH_INDEX_URL" "$(grep -m1 '^torch==' requirements/app.in)" \
+      || log "WARNING: $UQ_TORCH_INDEX_URL could not be used; falling back to pip's default index for torch"
+  elif ! command -v nvidia-smi >/dev/null && ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
+    log "note: no NVIDIA GPU found; unless pip is configured otherwise, PyPI's torch is the CUDA build (several GB)."
+    log "      For the CPU build: UQ_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu make setup"
+  fi
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
     -c requirements/constraints.txt -r requirements/ros.in -r requirements/app.in 2>&1 \
     | grep -v "^WARNING: Location 'file:" || true

@@ -11,10 +11,10 @@ from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 
 from uq_msgs.msg import AutonomyState, Detection, DetectionArray, HelpRequest, Uncertainty
-from uq_msgs.srv import ProvideLabel, SetAutonomyOverride
+from uq_msgs.srv import ProvideLabel, SetAutonomyOverride, TeachObject
 
 MESSAGE_TYPES = [Uncertainty, Detection, DetectionArray, AutonomyState, HelpRequest]
-SERVICE_TYPES = [ProvideLabel, SetAutonomyOverride]
+SERVICE_TYPES = [ProvideLabel, SetAutonomyOverride, TeachObject]
 TIMEOUT_S = 10.0
 
 

@@ -19,10 +19,15 @@ setup(
     entry_points={
         'console_scripts': [
             'arbitration_node = uq_autonomy.arbitration_node:main',
+            'ask_for_help_node = uq_autonomy.ask_for_help_node:main',
+            'reach_policy_node = uq_autonomy.reach_policy_node:main',
         ],
         # Subcommands of `uq` (uq_common.cli): the name is the command path with dots
         # ("bench.gp" is `uq bench gp`), the value a function that fills an argparse parser.
         'uq.commands': [
+            'labels.list = uq_autonomy.labels_cli:configure_list',
+            'labels.export = uq_autonomy.labels_cli:configure_export',
+            'labels.import = uq_autonomy.labels_cli:configure_import',
         ],
     },
 )

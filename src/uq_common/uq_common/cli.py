@@ -21,6 +21,7 @@ ENTRY_POINT_GROUP = 'uq.commands'
 _GROUP_HELP = {
     'bench': 'benchmarks that print JSON figures',
     'eval': 'evaluate models and recordings',
+    'labels': 'the ask-for-help label store',
     'sim': 'simulated world and synthetic data',
 }
 

@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import rclpy
@@ -63,6 +64,7 @@ from uq_common.node_main import node_argument_parser, run_node
 from uq_common.parameters import ParameterSpec, declare_parameters, first_invalid
 from uq_common.rolling_stats import RollingStats
 from uq_msgs.msg import DetectionArray
+from uq_msgs.srv import TeachObject
 from uq_perception.backends import BackendKind
 from uq_perception.messages import DetectionArrayBuilder, marker_array_message
 from uq_perception.model_files import default_detector_path, default_gp_path
@@ -80,6 +82,10 @@ PARAMETERS = [
     ParameterSpec('engine_path', '',
                   'TensorRT engine built by `uq build-engine` (backend tensorrt only).',
                   read_only=True),
+    ParameterSpec('warmup_frames', 3,
+                  'Blank frames run through the CUDA or TensorRT backend on configure, so the '
+                  'first camera frames do not pay for lazy initialisation (0: none).',
+                  min_value=0, max_value=100, read_only=True),
     ParameterSpec('torch_threads', 1,
                   'CPU threads of the PyTorch backends. One is the robust choice on a '
                   'shared CPU: spinning OpenMP threads stall when other processes (the '
@@ -102,6 +108,17 @@ PARAMETERS = [
     ParameterSpec('autostart', False,
                   'Configure and activate at start-up (instead of waiting for a '
                   'lifecycle manager).', read_only=True),
+    ParameterSpec('publish_embeddings', True,
+                  'Publish each detection\'s feature vector (Detection.embedding), which the '
+                  'ask-for-help node needs to teach labels and to recognise objects again.'),
+    ParameterSpec('label_trust', 0.9,
+                  'Share of the posterior at a labelled object\'s feature that one person\'s '
+                  'label decides (0: a label counts as one training point; '
+                  'uq_perception/teaching.py).', min_value=0.0, max_value=0.999),
+    ParameterSpec('learned_gp_path', '',
+                  'File where the GP state learnt from labels (teach_object) is saved after '
+                  'every label and loaded at configure when it belongs to the same model; '
+                  'empty: labels are kept in memory only.', read_only=True),
 ]
 _SPECS = {spec.name: spec for spec in PARAMETERS}
 _IMAGE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
@@ -198,6 +215,7 @@ class DetectorNode(LifecycleNode):
         self._image_input: ImageInputThread | None = None
         self._info_sub: Any = None
         self._diagnostics_timer: Any = None
+        self._teach_service: Any = None
         self._reset_stats()
         if self._params['autostart']:
             self._autostart_timer = self.create_timer(0.0, self._autostart)
@@ -224,6 +242,9 @@ class DetectorNode(LifecycleNode):
             'diagnostics': self.create_lifecycle_publisher(DiagnosticArray, '/diagnostics',
                                                            reliable),
         }
+        # Labels are learnt while configured, active or not: a person may answer while the
+        # camera is paused.
+        self._teach_service = self.create_service(TeachObject, 'teach_object', self._on_teach)
         self.get_logger().info(
             f'configured: model {self._model_id} from {self._params["model_path"]} on '
             f'{self._params["backend"]} '
@@ -247,6 +268,9 @@ class DetectorNode(LifecycleNode):
 
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._stop_io()
+        if self._teach_service is not None:
+            self.destroy_service(self._teach_service)
+            self._teach_service = None
         for publisher in self._outputs.values():
             self.destroy_lifecycle_publisher(publisher)
         self._outputs = {}
@@ -278,6 +302,7 @@ class DetectorNode(LifecycleNode):
         from uq_perception.memory_tuning import retain_freed_memory
         from uq_perception.ntk import LastLayerNTKGP
         from uq_perception.perception import UncertaintyPerception
+        from uq_perception.teaching import load_learnt_state
         from uq_perception.tracking import IoUTracker
 
         p = self._params
@@ -289,11 +314,43 @@ class DetectorNode(LifecycleNode):
         model_id = getattr(model, 'model_id', '')
         gp = LastLayerNTKGP.load(p['gp_path'], feature_dim=model.embedding_dim,
                                  model_id=model_id or None)
+        gp, learnt = load_learnt_state(gp, self._learned_gp_path())
+        self.get_logger().info(learnt)
         backend = create_backend(p['backend'], model, engine_path=p['engine_path'] or None)
+        if backend.kind != BackendKind.PYTORCH_CPU and p['warmup_frames'] > 0:
+            seconds = backend.warm_up(p['warmup_frames'])
+            self.get_logger().info(f'warmed up {backend.kind.value} with '
+                                   f'{p["warmup_frames"]} frames in {seconds:.2f} s')
         self._model_id = gp.model_id
         self._device = backend.device_name
         return UncertaintyPerception(backend, gp, p['score_threshold'], p['max_detections'],
                                      IoUTracker(p['tracking_iou']))
+
+    def _learned_gp_path(self) -> Path | None:
+        path = self._params['learned_gp_path']
+        return Path(path).expanduser() if path else None
+
+    # --- teaching ----------------------------------------------------------------------
+    def _on_teach(self, request: TeachObject.Request,
+                  response: TeachObject.Response) -> TeachObject.Response:
+        from uq_perception.teaching import teach
+
+        perception = self._perception
+        if perception is None:
+            result_accepted, message, index = False, 'the detector is not configured', -1
+        else:
+            result = teach(perception.gp, request.request_id, request.label,
+                           request.embedding, request.model_id, self._learned_gp_path(),
+                           self._params['label_trust'])
+            result_accepted, message, index = result.accepted, result.message, result.class_index
+        # rclpy ties a severity to each logging call site, hence two calls.
+        if result_accepted:
+            self.get_logger().info(message)
+        else:
+            self.get_logger().warn(message)
+        response.accepted, response.message, response.class_index = (
+            result_accepted, message, index)
+        return response
 
     # --- parameters ------------------------------------------------------------------
     def _on_set_parameters(self, parameters: list) -> SetParametersResult:
@@ -357,7 +414,8 @@ class DetectorNode(LifecycleNode):
             return
         # Published before the next frame is built, so its message objects can be reused.
         self._outputs['detections'].publish(self._detection_builder.build(
-            frame, msg.header, self._params['backend'], self._model_id))
+            frame, msg.header, self._params['backend'], self._model_id,
+            self._params['publish_embeddings']))
         latency_ms = (time.time_ns() - received_ns) * 1e-6
         self._stats.increment('processed')
         self._stats.record_latency(latency_ms)

@@ -42,14 +42,15 @@ def _set_fields(message: Any, fields: dict) -> None:
 
 
 def detection_array_message(frame: FrameResult, header: Header, backend: str,
-                            model_id: str) -> DetectionArray:
+                            model_id: str, embeddings: bool = True) -> DetectionArray:
     """A ``DetectionArray`` for ``frame``; ``header`` is the source image's header.
 
     The frame-level ``uncertainty`` is that of the most uncertain detection (largest GP
     variance), the one a cautious consumer should act on; zeros when nothing is detected.
+    With ``embeddings`` each detection carries its feature vector (for online teaching).
     """
     return _fill_detection_array(DetectionArray(), [Detection() for _ in range(len(frame))],
-                                 frame, header, backend, model_id)
+                                 frame, header, backend, model_id, embeddings)
 
 
 class DetectionArrayBuilder:
@@ -66,11 +67,11 @@ class DetectionArrayBuilder:
         self._detections: list[Detection] = []
 
     def build(self, frame: FrameResult, header: Header, backend: str,
-              model_id: str) -> DetectionArray:
+              model_id: str, embeddings: bool = True) -> DetectionArray:
         while len(self._detections) < len(frame):
             self._detections.append(Detection())
         return _fill_detection_array(self._message, self._detections[:len(frame)], frame,
-                                     header, backend, model_id)
+                                     header, backend, model_id, embeddings)
 
 
 # The frame-level uncertainty of a frame without detections: the message defaults, no expert.
@@ -81,7 +82,7 @@ _NO_UNCERTAINTY = {'gp_variance': 0.0, 'predictive_entropy': 0.0, 'expected_entr
 
 def _fill_detection_array(out: DetectionArray, detections: list[Detection],
                           frame: FrameResult, header: Header, backend: str,
-                          model_id: str) -> DetectionArray:
+                          model_id: str, embeddings: bool) -> DetectionArray:
     """Set every field of ``out`` and of the ``len(frame)`` messages in ``detections``."""
     out.header = header
     out.class_names = list(frame.class_names)
@@ -95,6 +96,9 @@ def _fill_detection_array(out: DetectionArray, detections: list[Detection],
     boxes = frame.detections.boxes.tolist()
     scores = frame.detections.scores.tolist()
     track_ids = frame.track_ids.tolist()
+    embedding_rows = ([array.array('f', row.tobytes())
+                       for row in np.asarray(frame.detections.embeddings, np.float32)]
+                      if embeddings else [array.array('f')] * len(detections))
     for i, detection in enumerate(detections):
         detection.class_id = frame.class_names[classes[i]]
         detection.class_index = classes[i]
@@ -102,6 +106,7 @@ def _fill_detection_array(out: DetectionArray, detections: list[Detection],
         detection.class_probabilities = probability_rows[i]
         detection.center_x, detection.center_y, detection.width, detection.height = boxes[i]
         detection.track_id = track_ids[i]
+        detection.embedding = embedding_rows[i]
         _set_fields(detection.uncertainty, uncertainties[i])
     out.detections = detections
     worst = frame.most_uncertain()

@@ -187,6 +187,9 @@ class LastLayerNTKGP:
         self.ood_threshold: float | None = None
         self.probit_lambda = float(config.probit_lambda)
         self.temperature = 1.0
+        # Identifiers of the labels applied by update(), persisted with the state, so that a
+        # label delivered twice (a retry after a lost answer) is applied once.
+        self.applied_updates: list[str] = []
         self._weight = np.ascontiguousarray(w)
         self._bias = b.copy()
         self._lock = threading.RLock()
@@ -660,7 +663,8 @@ class LastLayerNTKGP:
 
     # ------------------------------------------------------------------ online learning
 
-    def update(self, feature: np.ndarray, label: int, class_name: str | None = None) -> None:
+    def update(self, feature: np.ndarray, label: int, class_name: str | None = None,
+               update_id: str | None = None, weight: float = 1.0) -> bool:
         """Add one labelled feature to its expert in O(D^2) (Sherman-Morrison).
 
         ``A^{-1} <- A^{-1} - u u^T / (sigma^2 + phi~^T u)``, ``u = A^{-1} phi~``; the Gram and
@@ -671,9 +675,20 @@ class LastLayerNTKGP:
         ``label == num_classes`` teaches a new class (named ``class_name``) with the
         Bayesian linear model described in the class docstring. The feature goes to the
         expert its gating selects (for class gating, the head's predicted base class).
+
+        ``weight`` is the observation's precision relative to a training point: the update
+        equals adding the feature ``weight`` times (the noise becomes ``sigma^2 / weight``),
+        so a refit on the data with that multiplicity still gives the same posterior.
+
+        Returns ``False``, changing nothing, when ``update_id`` names an update already
+        applied (it is kept in :attr:`applied_updates` and saved with the state).
         """
         with self._lock:
             self._require_fitted()
+            if update_id is not None and update_id in self.applied_updates:
+                return False
+            if not (math.isfinite(weight) and weight > 0):
+                raise ValueError(f'weight must be finite and > 0, got {weight!r}')
             x = np.asarray(feature)
             if x.ndim == 2 and x.shape[0] == 1:
                 x = x[0]
@@ -701,12 +716,12 @@ class LastLayerNTKGP:
                 e = int(nearest_centroid(x[None], self._centroids, self._centroid_sq)[0])
             cov = self._covariance[e]
             u = cov @ phi
-            cov -= np.outer(u, u) / (self._sigma2[e] + phi @ u)
-            self._gram[e] += np.outer(phi, phi)
-            self._class_sums[e, :, label] += phi
+            cov -= np.outer(u, u) / (self._sigma2[e] / weight + phi @ u)
+            self._gram[e] += weight * np.outer(phi, phi)
+            self._class_sums[e, :, label] += weight * phi
             if label >= self.num_base_classes:
                 self._extra_residual[e, label - self.num_base_classes] += \
-                    phi * self._new_class_residual(phi, base_logits)
+                    weight * phi * self._new_class_residual(phi, base_logits)
             self._updates[e] += 1
             if self._updates[e] >= _REFACTOR_EVERY:
                 self._refactor([e])
@@ -714,6 +729,9 @@ class LastLayerNTKGP:
                 self._refresh_extra_weight(e)
             if self.config.gating is Gating.CLASS:
                 self._update_class_centroids()
+            if update_id is not None:
+                self.applied_updates.append(update_id)
+            return True
 
     def _add_class(self, class_name: str | None) -> None:
         name = f'class_{self.num_classes}' if class_name is None else str(class_name)
@@ -750,6 +768,7 @@ class LastLayerNTKGP:
                 'num_base_classes': self.num_base_classes, 'model_id': self.model_id,
                 'config': config, 'ood_threshold': self.ood_threshold,
                 'probit_lambda': self.probit_lambda, 'temperature': self.temperature,
+                'applied_updates': self.applied_updates,
             }
             arrays = {
                 'weight': self._weight, 'bias': self._bias, 'centroids': self._centroids,
@@ -836,6 +855,7 @@ class LastLayerNTKGP:
         model.ood_threshold = None if threshold is None else float(threshold)
         model.probit_lambda = float(meta['probit_lambda'])
         model.temperature = float(meta['temperature'])
+        model.applied_updates = [str(u) for u in meta.get('applied_updates', [])]
         model._refresh_gating_cache()
         model._refactor(range(m))
         model._fitted = True
