@@ -67,6 +67,41 @@ _GROUND_TRUTH_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
                                durability=DurabilityPolicy.VOLATILE)
 
 
+def camera_info_message(header: Header, intr: Any) -> CameraInfo:
+    """``sensor_msgs/CameraInfo`` of a rendered frame's intrinsics (no distortion)."""
+    return CameraInfo(header=header, width=intr.width, height=intr.height,
+                      distortion_model='plumb_bob', d=[0.0] * 5, k=intr.k,
+                      r=[1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0], p=intr.p)
+
+
+def ground_truth_message(header: Header, frame: Any, scenario_name: str, render_ms: float,
+                         min_visible_fraction: float = 0.0) -> DetectionArray:
+    """The ``ground_truth`` DetectionArray of one rendered frame (see the module docstring).
+
+    Shared by the node and by ``uq sim record``, so recorded bags carry exactly what the
+    node publishes.
+    """
+    msg = DetectionArray(header=header, class_names=list(KNOWN_CLASSES),
+                         inference_time_ms=float(render_ms), backend='simulator',
+                         model_id=f'sim:{scenario_name}')
+    msg.uncertainty.expert_id = -1
+    for ann in frame.annotations:
+        if ann.visible_fraction < min_visible_fraction:
+            continue
+        x, y, w, h = ann.bbox
+        det = Detection(class_id=ann.class_name, score=1.0, center_x=x + w / 2.0,
+                        center_y=y + h / 2.0, width=float(w), height=float(h),
+                        track_id=ann.track_id)
+        if ann.known:
+            det.class_index = KNOWN_CLASSES.index(ann.class_name)
+            det.class_probabilities = [float(c == ann.class_name) for c in KNOWN_CLASSES]
+        else:
+            det.class_index = -1
+        det.uncertainty.expert_id = -1
+        msg.detections.append(det)
+    return msg
+
+
 class SimCameraNode(Node):
     """Publishes rendered images, camera info and ground truth of a scripted scenario."""
 
@@ -123,37 +158,23 @@ class SimCameraNode(Node):
             return
         render_ms = 1e3 * (time.perf_counter() - started)
         header = Header(stamp=now.to_msg(), frame_id=self._params['frame_id'])
-        self._image_pub.publish(Image(header=header, **rgb_to_image_fields(frame.rgb)))
-        self._info_pub.publish(self._camera_info(header, frame.intrinsics))
-        if self._params['publish_ground_truth']:
-            self._truth_pub.publish(self._ground_truth(header, frame, render_ms))
+        try:
+            self._image_pub.publish(Image(header=header, **rgb_to_image_fields(frame.rgb)))
+            self._info_pub.publish(self._camera_info(header, frame.intrinsics))
+            if self._params['publish_ground_truth']:
+                self._truth_pub.publish(self._ground_truth(header, frame, render_ms))
+        except Exception:
+            if not self.context.ok():
+                return  # shut down (Ctrl-C) while this frame was rendered: nothing to publish to
+            raise
 
     @staticmethod
     def _camera_info(header: Header, intr: Any) -> CameraInfo:
-        return CameraInfo(header=header, width=intr.width, height=intr.height,
-                          distortion_model='plumb_bob', d=[0.0] * 5, k=intr.k,
-                          r=[1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0], p=intr.p)
+        return camera_info_message(header, intr)
 
     def _ground_truth(self, header: Header, frame: Any, render_ms: float) -> DetectionArray:
-        msg = DetectionArray(header=header, class_names=list(KNOWN_CLASSES),
-                             inference_time_ms=float(render_ms), backend='simulator',
-                             model_id=f'sim:{self._scenario.name}')
-        msg.uncertainty.expert_id = -1
-        for ann in frame.annotations:
-            if ann.visible_fraction < self._params['min_visible_fraction']:
-                continue
-            x, y, w, h = ann.bbox
-            det = Detection(class_id=ann.class_name, score=1.0, center_x=x + w / 2.0,
-                            center_y=y + h / 2.0, width=float(w), height=float(h),
-                            track_id=ann.track_id)
-            if ann.known:
-                det.class_index = KNOWN_CLASSES.index(ann.class_name)
-                det.class_probabilities = [float(c == ann.class_name) for c in KNOWN_CLASSES]
-            else:
-                det.class_index = -1
-            det.uncertainty.expert_id = -1
-            msg.detections.append(det)
-        return msg
+        return ground_truth_message(header, frame, self._scenario.name, render_ms,
+                                    self._params['min_visible_fraction'])
 
     def destroy_node(self) -> None:
         """Stop the timer and free the renderer's GL resources, then destroy the node."""

@@ -1,0 +1,117 @@
+"""``uq eval bag``: evaluate a recorded rosbag2 bag offline (see docs/bag_evaluation.md).
+
+Exit status: 0 when the whole bag was evaluated, 2 when the bag is unusable (nothing
+evaluated, a one-line message names the bag and the problem) or had problems (truncated,
+skipped messages, out-of-order stamps: the report covers what could be read and lists them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Evaluate a bag: perception, autonomy levels and help requests, with metrics and plots."""
+    parser.add_argument('bag', type=Path, help='rosbag2 bag directory (MCAP or sqlite3)')
+    parser.add_argument('--ground-truth', default=None, metavar='TOPIC',
+                        help='ground-truth uq_msgs/DetectionArray topic (default: '
+                             'ground_truth when the bag has it)')
+    parser.add_argument('--image-topic', default=None,
+                        help='Image or CompressedImage topic (default: the only one)')
+    parser.add_argument('--arbitration-params', type=Path, default=None, metavar='YAML',
+                        help='arbitration node parameters file (e.g. config/arbitration.yaml '
+                             'with calibrated thresholds); default: the node defaults')
+    parser.add_argument('--out', type=Path, default=Path('out/bag_eval'),
+                        help='report directory')
+    parser.add_argument('--bench', action='store_true',
+                        help='also time the bare forward pass on the same frames and '
+                             'measure peak memory for 1x and 10x the bag')
+    parser.add_argument('--repeat', type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument('--no-report', action='store_true', help=argparse.SUPPRESS)
+    parser.add_argument('--no-progress', action='store_true', help='hide the progress bar')
+    parser.set_defaults(run=run)
+
+
+def _peak_rss_mib(bag: Path, repeat: int) -> float:
+    """Peak RSS of a child process evaluating the bag ``repeat`` times, MiB."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    subprocess.run([sys.executable, '-m', 'uq_common.cli', 'eval', 'bag', str(bag),
+                    '--repeat', str(repeat), '--no-report', '--no-progress'],
+                   check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    # ru_maxrss of children is the largest child so far: run 1x before 10x.
+    return max(peak, before) / 1024.0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Evaluate ``args.bag`` and write the report; see the module docstring for exit codes."""
+    from uq_eval.bag_eval import (
+        BagEvaluator,
+        load_shipped_perception,
+        run_evaluation,
+        time_forward_passes,
+    )
+    from uq_eval.bag_reader import BagError, BagStream
+
+    try:
+        stream = BagStream(args.bag, args.image_topic, args.ground_truth)
+    except BagError as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 2
+    if stream.image_topic is None:
+        print(f'error: bag {args.bag}: no image topic to evaluate offline', file=sys.stderr)
+        return 2
+    arbitration_values = None
+    if args.arbitration_params is not None:
+        from uq_autonomy.arbitration_params import load_parameters_file
+        try:
+            arbitration_values = load_parameters_file(args.arbitration_params)
+        except (OSError, ValueError) as err:
+            print(f'error: {err}', file=sys.stderr)
+            return 2
+    perception = load_shipped_perception()
+    out_dir: Path = args.out
+    if not args.no_report:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    evaluator = BagEvaluator(perception, None if args.no_report else out_dir / 'crops',
+                             str(args.bag), arbitration_values)
+    started = time.perf_counter()
+    data = run_evaluation(stream, evaluator, progress=not args.no_progress,
+                          repeat=max(1, args.repeat))
+    elapsed = time.perf_counter() - started
+    extra: dict = {}
+    if args.bench and data.frames:
+        perception.tracker.reset()
+        frames, forward_s = time_forward_passes(stream, perception)
+        replay_rate = len(data.frames) / elapsed
+        forward_rate = frames / forward_s if forward_s > 0 else float('nan')
+        extra['bench'] = {
+            'frames': len(data.frames),
+            'replay_frames_per_s': replay_rate,
+            'bare_forward_frames_per_s': forward_rate,
+            'replay_over_forward': replay_rate / forward_rate,
+            'peak_rss_mib_1x': _peak_rss_mib(args.bag, 1),
+            'peak_rss_mib_10x': _peak_rss_mib(args.bag, 10),
+        }
+        print(json.dumps(extra['bench'], indent=2))
+    stream.close()
+    if not data.frames:
+        print(f'error: bag {args.bag}: no image could be evaluated'
+              + (f' ({"; ".join(data.problems)})' if data.problems else ''), file=sys.stderr)
+        return 2
+    if not args.no_report:
+        from uq_eval.bag_report import compute_metrics, write_plots, write_report
+
+        metrics = compute_metrics(data)
+        plots = write_plots(data, out_dir)
+        md, _ = write_report(args.bag, data, metrics, plots, out_dir, extra)
+        print(md)
+    for problem in data.problems:
+        print(f'warning: {problem}', file=sys.stderr)
+    return 2 if data.problems else 0

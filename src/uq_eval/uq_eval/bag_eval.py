@@ -1,0 +1,354 @@
+"""Offline bag evaluation: what the perception, the arbiter and the ask-for-help policy
+would have done on a recorded run, and how good the uncertainty was (ROS-free core).
+
+:class:`BagEvaluator` takes a bag's events one at a time (:mod:`uq_eval.bag_reader`):
+
+- each image goes through :class:`uq_perception.perception.UncertaintyPerception` (the
+  detector node's pipeline, built as the node builds it), is turned into the
+  ``DetectionArray`` the node would publish, and that message is fed to the arbiter core
+  through the arbitration node's own adapter, and to the ask-for-help core;
+- each ground-truth ``DetectionArray`` is matched to the frame with the same stamp.
+
+Only per-detection numbers are kept (a few dozen bytes each), never images, so memory does
+not grow with the bag beyond that. Time going back by more than
+:data:`TIME_JUMP_TOLERANCE_S` (a looping bag) restarts the tracker and the arbiter, as a
+restarted robot would, so no stale level is carried across the jump; a smaller step back is
+an out-of-order stamp, reported as a problem and otherwise processed in log order.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from uq_perception.detection_metrics import match_detections
+
+TIME_JUMP_TOLERANCE_S = 1.0
+# Frames waiting for their ground truth (or ground truth for its frame); stamps further
+# apart than this many messages never meet, so the buffers stay small.
+_MATCH_BUFFER = 64
+MAX_CROPS = 50
+
+
+def load_shipped_perception(torch_threads: int = 1, score_threshold: float = 0.3,
+                            max_detections: int = 20, tracking_iou: float = 0.3) -> Any:
+    """The detector node's pipeline with the shipped model and the node's defaults."""
+    import torch
+
+    from uq_perception.backends import create_backend
+    from uq_perception.detector import load_detector
+    from uq_perception.model_files import default_detector_path, default_gp_path
+    from uq_perception.ntk import LastLayerNTKGP
+    from uq_perception.perception import UncertaintyPerception
+    from uq_perception.tracking import IoUTracker
+
+    torch.set_num_threads(torch_threads)
+    model = load_detector(default_detector_path())
+    gp = LastLayerNTKGP.load(default_gp_path(), feature_dim=model.embedding_dim,
+                             model_id=getattr(model, 'model_id', '') or None)
+    backend = create_backend('pytorch-cpu', model)
+    return UncertaintyPerception(backend, gp, score_threshold, max_detections,
+                                 IoUTracker(tracking_iou))
+
+
+@dataclass
+class _Frame:
+    stamp: float
+    boxes: np.ndarray
+    scores: np.ndarray
+    probabilities: np.ndarray
+    gp_variance: np.ndarray
+    predicted: np.ndarray
+
+
+@dataclass
+class EvaluationData:
+    """Everything the report needs, as plain lists (JSON-friendly)."""
+
+    class_names: list[str] = field(default_factory=list)
+    frames: list[dict] = field(default_factory=list)        # stamp, level, latency, ...
+    detections: list[dict] = field(default_factory=list)    # per detection, uncertainty
+    matched: list[dict] = field(default_factory=list)       # per detection matched to GT
+    ap_inputs: dict[str, list] = field(default_factory=dict)  # class -> [(score, tp)]
+    ground_truth_counts: dict[str, int] = field(default_factory=dict)
+    transitions: list[dict] = field(default_factory=list)
+    help_requests: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    ground_truth_frames: int = 0
+    node_latencies_ms: list[float] = field(default_factory=list)
+    node_end_to_end_ms: list[float] = field(default_factory=list)
+    node_levels: list[dict] = field(default_factory=list)
+
+
+class BagEvaluator:
+    """Feeds bag events through perception, arbitration and the help policy.
+
+    Parameters
+    ----------
+    perception
+        An :class:`~uq_perception.perception.UncertaintyPerception`.
+    crops_dir
+        Where help-request crops are written (PNG), or ``None`` for none.
+    bag_name
+        For messages.
+    arbitration_values
+        Arbitration node parameters overriding its defaults (e.g. calibrated thresholds
+        read with :func:`uq_autonomy.arbitration_params.load_parameters_file`).
+    """
+
+    def __init__(self, perception: Any, crops_dir: Path | None = None,
+                 bag_name: str = 'bag', arbitration_values: dict | None = None) -> None:
+        self.perception = perception
+        self.arbitration_values = dict(arbitration_values or {})
+        self.crops_dir = crops_dir
+        self.bag_name = bag_name
+        self.data = EvaluationData(class_names=list(perception.gp.class_names))
+        self._arbiter: Any = None
+        self._help: Any = None
+        self._last_stamp: float | None = None
+        self._waiting_frames: OrderedDict[float, _Frame] = OrderedDict()
+        self._waiting_truth: OrderedDict[float, Any] = OrderedDict()
+        self._request_counter = 0
+        self._out_of_order = 0
+        self._loops = 0
+        self._image_log_times: OrderedDict[float, float] = OrderedDict()
+
+    # --- cores ------------------------------------------------------------------------
+    def _start_cores(self, now: float, width: int, height: int) -> None:
+        from dataclasses import replace
+
+        from uq_autonomy.arbiter import Arbiter
+        from uq_autonomy.arbitration_params import config_from_values, default_values
+        from uq_autonomy.help_policy import HelpPolicy
+
+        values = {**default_values(), **self.arbitration_values}
+        # The evaluated images' size, for driving_detection nearest_center.
+        config = replace(config_from_values(values), image_width=width, image_height=height)
+        self._arbiter = Arbiter(config, now)
+        self._help = HelpPolicy(new_request_id=self._next_request_id)
+        if self.perception.tracker is not None:
+            self.perception.tracker.reset()
+
+    def _next_request_id(self) -> str:
+        self._request_counter += 1
+        return f'request-{self._request_counter:04d}'
+
+    # --- events -----------------------------------------------------------------------
+    def on_image(self, stamp: float, rgb: np.ndarray, log_time: float | None = None) -> None:
+        """Process one camera frame stamped ``stamp`` seconds (logged at ``log_time``)."""
+        if log_time is not None:
+            self._image_log_times[stamp] = log_time
+            while len(self._image_log_times) > _MATCH_BUFFER:
+                self._image_log_times.popitem(last=False)
+        from builtin_interfaces.msg import Time
+        from std_msgs.msg import Header
+
+        from uq_autonomy.arbitration_node import detection_summaries
+        from uq_perception.messages import detection_array_message
+
+        height, width = rgb.shape[:2]
+        last = self._last_stamp
+        if self._arbiter is None or last is None:
+            self._start_cores(stamp, width, height)
+            last = stamp
+        elif stamp < last - TIME_JUMP_TOLERANCE_S:
+            self._loops += 1
+            self.data.notes.append(
+                f'time jumped back {last - stamp:.2f} s at stamp {stamp:.3f} '
+                '(looping bag): tracker, arbiter and help policy restarted')
+            self._start_cores(stamp, width, height)
+            last = stamp
+        elif stamp < last:
+            self._out_of_order += 1
+        self._last_stamp = max(stamp, last)
+        frame = self.perception.process(rgb)
+        sec = int(math.floor(stamp))
+        header = Header(stamp=Time(sec=sec, nanosec=int((stamp - sec) * 1e9)))
+        message = detection_array_message(frame, header, 'pytorch-cpu', self.perception.gp.model_id)
+        step = self._arbiter.observe(stamp, detection_summaries(message),
+                                     len(message.class_names))
+        if step.transition is not None:
+            t = step.transition
+            self.data.transitions.append({'stamp': stamp, 'from': t.from_level.label,
+                                          'to': t.to_level.label, 'reason': t.reason})
+        unc = frame.uncertainty
+        predicted = unc.probabilities.argmax(axis=1) if len(frame) else np.zeros(0, int)
+        self.data.frames.append({
+            'stamp': stamp, 'level': int(step.state.level), 'level_name': step.state.level.label,
+            'latency_ms': frame.inference_ms, 'forward_ms': frame.forward_ms,
+            'detections': len(frame),
+            'max_gp_variance': float(unc.gp_variance.max()) if len(frame) else 0.0})
+        for i in range(len(frame)):
+            self.data.detections.append({
+                'stamp': stamp, 'track_id': int(frame.track_ids[i]),
+                'class': frame.class_names[int(predicted[i])],
+                'score': float(frame.detections.scores[i]),
+                'gp_variance': float(unc.gp_variance[i]),
+                'mutual_information': float(unc.mutual_information[i]),
+                'predictive_entropy': float(unc.predictive_entropy[i]),
+                'max_probability': float(unc.probabilities[i].max())})
+        self._ask_for_help(stamp, frame, predicted, rgb)
+        self._waiting_frames[stamp] = _Frame(
+            stamp, frame.detections.boxes.astype(np.float64),
+            frame.detections.scores.astype(np.float64), unc.probabilities.astype(np.float64),
+            unc.gp_variance.astype(np.float64), predicted)
+        self._match_waiting()
+
+    def _ask_for_help(self, stamp: float, frame: Any, predicted: np.ndarray,
+                      rgb: np.ndarray) -> None:
+        from uq_autonomy.crops import crop_region, cut, encode_png
+        from uq_autonomy.help_policy import Candidate, TrackObservation
+
+        unc = frame.uncertainty
+        observations = []
+        for i in range(len(frame)):
+            order = np.argsort(-unc.probabilities[i])[:3]
+            observations.append(TrackObservation(
+                track_id=int(frame.track_ids[i]), class_index=int(predicted[i]),
+                class_name=frame.class_names[int(predicted[i])],
+                gp_variance=float(unc.gp_variance[i]),
+                mutual_information=float(unc.mutual_information[i]),
+                out_of_distribution=bool(unc.out_of_distribution[i]),
+                box=tuple(float(v) for v in frame.detections.boxes[i]),
+                embedding=frame.detections.embeddings[i],
+                candidates=tuple(Candidate(frame.class_names[int(k)],
+                                           float(unc.probabilities[i, k])) for k in order),
+                score=float(frame.detections.scores[i])))
+        for decision in self._help.observe(stamp, observations):
+            request = {'request_id': decision.request_id, 'stamp': stamp,
+                       'track_id': decision.track_id, 'trigger': str(decision.trigger),
+                       'reason': decision.reason,
+                       'candidates': [c.label for c in decision.candidates], 'crop': None}
+            if self.crops_dir is not None and len(self.data.help_requests) < MAX_CROPS:
+                region = crop_region(decision.observation.box, rgb.shape[1], rgb.shape[0])
+                self.crops_dir.mkdir(parents=True, exist_ok=True)
+                path = self.crops_dir / f'{decision.request_id}.png'
+                path.write_bytes(encode_png(cut(rgb, region)))
+                request['crop'] = f'{self.crops_dir.name}/{path.name}'
+            self.data.help_requests.append(request)
+
+    def on_ground_truth(self, stamp: float, message: Any) -> None:
+        """Take one ground-truth DetectionArray (the frame with the same stamp is scored)."""
+        self._waiting_truth[stamp] = message
+        self._match_waiting()
+
+    def _match_waiting(self) -> None:
+        for stamp in [s for s in self._waiting_frames if s in self._waiting_truth]:
+            self._score(self._waiting_frames.pop(stamp), self._waiting_truth.pop(stamp))
+        for buffer in (self._waiting_frames, self._waiting_truth):
+            while len(buffer) > _MATCH_BUFFER:
+                buffer.popitem(last=False)
+
+    def _score(self, frame: _Frame, truth: Any) -> None:
+        names = self.data.class_names
+        self.data.ground_truth_frames += 1
+        gt_boxes = np.array([[d.center_x, d.center_y, d.width, d.height]
+                             for d in truth.detections], dtype=np.float64).reshape(-1, 4)
+        gt_class = [d.class_id for d in truth.detections]
+        gt_known = np.array([c in names for c in gt_class], dtype=bool)
+        for c in gt_class:
+            if c in names:
+                self.data.ground_truth_counts[c] = self.data.ground_truth_counts.get(c, 0) + 1
+        # Class-aware matching for AP: unknown objects are ignored (neither to be found
+        # nor a false positive when found: a closed-set detector cannot name them).
+        for k, name in enumerate(names):
+            mine = frame.predicted == k
+            if not mine.any():
+                continue
+            relevant = np.array([(c == name) or not known
+                                 for c, known in zip(gt_class, gt_known, strict=True)], bool)
+            idx = np.flatnonzero(relevant)
+            matched, ignored = match_detections(frame.boxes[mine], frame.scores[mine],
+                                                gt_boxes[idx], 0.5, ~gt_known[idx])
+            rows = self.data.ap_inputs.setdefault(name, [])
+            for score, m, ign in zip(frame.scores[mine], matched, ignored, strict=True):
+                if not ign:
+                    rows.append((float(score), bool(m >= 0)))
+        # Class-agnostic matching for calibration and OOD: what object is this detection?
+        matched, _ = match_detections(frame.boxes, frame.scores, gt_boxes, 0.5)
+        for i, g in enumerate(matched):
+            if g < 0:
+                continue
+            known = bool(gt_known[g])
+            self.data.matched.append({
+                'stamp': frame.stamp, 'known': known, 'gt_class': gt_class[g],
+                'label': names.index(gt_class[g]) if known else -1,
+                'predicted': int(frame.predicted[i]),
+                'probabilities': [float(p) for p in frame.probabilities[i]],
+                'gp_variance': float(frame.gp_variance[i])})
+
+    def on_node_detections(self, stamp: float, log_time: float, message: Any) -> None:
+        """A DetectionArray the running node published (from ``uq replay --record``): its
+        own processing time, and the time from the image's to its receipt by the recorder."""
+        self.data.node_latencies_ms.append(float(message.inference_time_ms))
+        received = self._image_log_times.get(stamp)
+        if received is not None:
+            self.data.node_end_to_end_ms.append(1e3 * (log_time - received))
+
+    def on_node_state(self, log_time: float, message: Any) -> None:
+        """An AutonomyState the running arbitration node published."""
+        self.data.node_levels.append({'log_time': log_time, 'level': int(message.level),
+                                      'reason': str(message.reason)})
+
+    def finish(self) -> EvaluationData:
+        """Close the evaluation: notes on what could not be matched or was out of order."""
+        if self._out_of_order:
+            self.data.problems.append(
+                f'bag {self.bag_name}: {self._out_of_order} image(s) stamped earlier than a '
+                'previous one (out-of-order stamps); they were processed in log order')
+        if self._waiting_truth and self.data.ground_truth_frames == 0:
+            self.data.notes.append('ground truth present but no stamp matched an image stamp')
+        return self.data
+
+
+def run_evaluation(stream: Any, evaluator: BagEvaluator, progress: bool = True,
+                   repeat: int = 1) -> EvaluationData:
+    """Feed every event of ``stream`` (a :class:`~uq_eval.bag_reader.BagStream`) to
+    ``evaluator``, ``repeat`` times (each pass shifted in time so stamps keep increasing)."""
+    from tqdm import tqdm
+
+    total = stream.image_message_count() * repeat
+    span = 0.0
+    with tqdm(total=total or None, desc=f'evaluating {stream.path.name}', unit='frame',
+              disable=not progress, mininterval=0.5) as bar:
+        for rep in range(repeat):
+            first = last = None
+            for event in stream.events(with_node_outputs=True):
+                stamp = event.stamp + rep * span
+                first = stamp if first is None else first
+                last = stamp
+                if event.kind == 'image':
+                    evaluator.on_image(stamp, event.rgb, event.log_time)
+                    bar.update(1)
+                elif event.kind == 'ground_truth':
+                    evaluator.on_ground_truth(stamp, event.message)
+                elif event.kind == 'detections':
+                    evaluator.on_node_detections(stamp, event.log_time, event.message)
+                elif event.kind == 'autonomy_state':
+                    evaluator.on_node_state(event.log_time, event.message)
+            if rep == 0 and first is not None:
+                span = (last - first) + 1.0
+    data = evaluator.finish()
+    data.problems[:0] = stream.problems
+    return data
+
+
+def time_forward_passes(stream: Any, perception: Any) -> tuple[int, float]:
+    """Bare backend calls on the bag's frames: (frames, seconds in the calls alone)."""
+    frames, seconds = 0, 0.0
+    for event in stream.events():
+        if event.kind != 'image':
+            continue
+        start = time.perf_counter()
+        perception.backend.infer(event.rgb, perception.score_threshold,
+                                 perception.max_detections)
+        seconds += time.perf_counter() - start
+        frames += 1
+    return frames, seconds
