@@ -1,0 +1,88 @@
+"""Grasp-task trials, the dwell grasp and the scripted operator (ROS-free)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from uq_sim.grasp_task import GRIPPER_HOME, TARGET_CLASS, TaskMonitor, make_trial
+from uq_sim.robot import VelocityGripper
+from uq_sim.scripted_operator import OperatorConfig, ScriptedOperator
+
+
+def test_trials_are_deterministic_and_well_formed():
+    assert make_trial(3) == make_trial(3)
+    home = np.array(GRIPPER_HOME)
+    kinds = set()
+    for seed in range(40):
+        trial = make_trial(seed)
+        kinds.add(trial.lookalike)
+        assert trial.target.class_name == TARGET_CLASS
+        xy = np.array([o.xy for o in trial.objects])
+        gaps = np.linalg.norm(xy[:, None] - xy[None], axis=-1) + np.eye(len(xy))
+        assert gaps.min() >= 0.12
+        if trial.lookalike:
+            look = next(o for o in trial.objects if o.lookalike)
+            assert not look.known
+            assert np.linalg.norm(np.array(look.xy) - home) < np.linalg.norm(xy[0] - home)
+    assert kinds == {True, False}
+    assert make_trial(5, lookalike=True).lookalike and not make_trial(5, lookalike=False).lookalike
+
+
+def test_dwell_over_target_is_success_and_over_other_object_is_failure():
+    trial = make_trial(1, lookalike=True)
+    target = np.array(trial.target.xy)
+    m = TaskMonitor(trial, start_time=0.0)
+    assert m.update(target, speed=0.1, grasping=True, now=1.0) == 'running'  # moving
+    assert m.update(target, speed=0.0, grasping=False, now=1.1) == 'running'  # no command
+    assert m.update(target, speed=0.0, grasping=False, now=1.8) == 'running'
+    assert m.update(target, speed=0.0, grasping=True, now=1.9) == 'running'
+    assert m.update(target, speed=0.0, grasping=True, now=2.4) == 'success'
+    assert m.grasped == 'target'
+    other = next(o for o in trial.objects if o.lookalike)
+    m = TaskMonitor(trial, start_time=0.0)
+    m.update(np.array(other.xy), 0.0, True, 1.0)
+    assert m.update(np.array(other.xy), 0.0, True, 1.5) == 'failure'
+    state = json.loads(m.to_json(2.0, np.zeros(3)))
+    assert state['status'] == 'failure' and state['grasped'] == 'lookalike'
+    assert state['elapsed_s'] == pytest.approx(1.5)
+
+
+def test_timeout():
+    m = TaskMonitor(make_trial(0), start_time=0.0, timeout_s=5.0)
+    assert m.update(np.array([0.3, -0.29]), 0.0, True, 5.1) == 'timeout'
+
+
+def test_teleoperating_operator_reaches_and_grasps_the_target():
+    trial = make_trial(2, lookalike=True)
+    op = ScriptedOperator(OperatorConfig(mode='teleoperation'), seed=2)
+    op.set_goal(trial.target.xy, trial.seed)
+    g = VelocityGripper(GRIPPER_HOME)
+    m = TaskMonitor(trial, start_time=0.0)
+    t, dt = 0.0, 0.01
+    while m.status == 'running':
+        t += dt
+        if round(t / dt) % 5 == 0:
+            vx, vy, vz = op.command(tuple(g.position[:2]), t)
+            g.command(vx, vy, t, vz)
+        g.step(dt, t)
+        m.update(g.position[:2], float(np.linalg.norm(g.velocity)), g.grasp_commanded(t), t)
+    assert m.status == 'success'
+    distance = np.linalg.norm(np.array(trial.target.xy) - np.array(GRIPPER_HOME))
+    assert t > distance / 0.07  # never faster than its speed
+
+
+def test_supervising_operator_reacts_late_and_hands_off_keeps_still():
+    op = ScriptedOperator(OperatorConfig(mode='supervise', reaction_delay_s=0.8), seed=0)
+    op.set_goal((0.1, 0.1), 0)
+    op.observe_level(3, 0.0)
+    assert not op.engaged(1.0)
+    op.observe_level(0, 2.0)
+    assert not op.engaged(2.5)   # not yet reacted
+    assert op.engaged(2.9)
+    assert np.linalg.norm(op.command((0.0, 0.0), 2.9)) > 0.0
+    hands_off = ScriptedOperator(OperatorConfig(mode='hands_off'))
+    hands_off.set_goal((0.1, 0.1), 0)
+    assert hands_off.command((0.0, 0.0), 1.0) == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match='mode must be one of'):
+        OperatorConfig(mode='sleepy')

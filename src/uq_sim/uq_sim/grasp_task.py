@@ -1,0 +1,167 @@
+"""The "reach and grasp the <target class> object" task (ROS-free).
+
+A trial is a tabletop scene drawn from a seed: the target (one object of the target
+class), known distractors of other classes, and, in look-alike trials, an unknown object
+that the shipped detector takes for the target class (found with the shipped model: a
+torus is read as an ellipsoid in most views, see docs/shared_autonomy.md). The look-alike
+is put nearer the gripper's start than the target, so a policy that trusts the detector
+and reaches for the nearest target-class detection grasps the wrong object.
+
+The gripper grasps on command: when its tool point stays within ``grasp_radius`` of an
+object's centre (in the table plane), at a speed below ``still_speed``, while the command
+asks to close (``linear.z`` downward, see :mod:`uq_sim.robot`) for ``grasp_hold_s``, it
+closes on that object and the trial ends: **success** if it is the target, **failure**
+if it is another object, **timeout** if nothing was grasped within ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from uq_sim.objects import make_object
+
+TARGET_CLASS = 'ellipsoid'
+LOOKALIKE_CLASSES = ('torus',)
+DISTRACTOR_CLASSES = ('box', 'sphere', 'cylinder', 'mug')
+# The gripper starts behind the objects (seen from the camera), so on its way it never
+# hides the target from the camera: the arm rises above the tool point.
+GRIPPER_HOME = (0.0, 0.21)
+
+
+@dataclass(frozen=True)
+class TaskObject:
+    """One object of a trial: name, class, table position, whether it is a look-alike."""
+
+    name: str
+    class_name: str
+    xy: tuple[float, float]
+    known: bool
+    lookalike: bool = False
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """A trial: its seed, target class, objects (the first is the target)."""
+
+    seed: int
+    target_class: str
+    objects: tuple[TaskObject, ...]
+    lookalike: bool
+
+    @property
+    def target(self) -> TaskObject:
+        """The object to grasp."""
+        return self.objects[0]
+
+    def scene_spec(self):  # -> uq_sim.scene.SceneSpec
+        """The MuJoCo scene of this trial, with the gripper at its home position."""
+        from uq_sim.scene import GripperSpec, LightSpec, SceneSpec
+        rng = np.random.default_rng([self.seed, 17])
+        objects = tuple(make_object(o.name, o.class_name, o.xy, rng) for o in self.objects)
+        return SceneSpec(
+            objects=objects,
+            lights=(LightSpec(pos=(0.5, -0.4, 1.3), diffuse=(0.62, 0.6, 0.58)),
+                    LightSpec(pos=(-0.6, 0.3, 1.0), diffuse=(0.18, 0.18, 0.2),
+                              directional=False, castshadow=False)),
+            gripper=GripperSpec(pos=(GRIPPER_HOME[0], GRIPPER_HOME[1], 0.12), yaw=math.pi / 2),
+            ambient=0.25, headlight=0.2)
+
+
+def make_trial(seed: int, lookalike: bool | None = None,
+               target_class: str = TARGET_CLASS) -> TrialSpec:
+    """Draw trial ``seed``; ``lookalike`` None draws it (probability 0.4).
+
+    Objects are at least 0.12 m apart, in the part of the table the camera sees well
+    (x in [-0.22, 0.22], y in [-0.14, 0.1]); the target is at least 0.25 m from the
+    gripper's start; a look-alike lies nearer the start than the target.
+    """
+    rng = np.random.default_rng([seed, 1717])
+    if lookalike is None:
+        lookalike = bool(rng.random() < 0.4)
+    home = np.array(GRIPPER_HOME)
+    placed: list[np.ndarray] = []
+
+    def draw(condition) -> tuple[float, float]:
+        for _ in range(2000):
+            xy = np.array([rng.uniform(-0.22, 0.22), rng.uniform(-0.14, 0.1)])
+            if all(np.linalg.norm(xy - p) >= 0.12 for p in placed) and condition(xy):
+                placed.append(xy)
+                return float(xy[0]), float(xy[1])
+        raise RuntimeError(f'trial {seed}: no free place for an object')
+
+    target_xy = draw(lambda xy: np.linalg.norm(xy - home) >= 0.25)
+    objects = [TaskObject('target', target_class, target_xy, True)]
+    if lookalike:
+        d_target = float(np.linalg.norm(np.array(target_xy) - home))
+        cls = LOOKALIKE_CLASSES[int(rng.integers(len(LOOKALIKE_CLASSES)))]
+        xy = draw(lambda p: np.linalg.norm(p - home) < d_target - 0.05)
+        objects.append(TaskObject('lookalike', cls, xy, False, True))
+    others = [c for c in DISTRACTOR_CLASSES if c != target_class]
+    for k, cls in enumerate(rng.choice(others, size=2, replace=False)):
+        objects.append(TaskObject(f'distractor{k}', str(cls), draw(lambda p: True), True))
+    return TrialSpec(seed, target_class, tuple(objects), lookalike)
+
+
+@dataclass
+class TaskMonitor:
+    """Decides grasps and the trial outcome from the gripper's motion.
+
+    Attributes
+    ----------
+    grasp_radius, still_speed, grasp_hold_s, timeout_s
+        See the module docstring (metres, m/s, seconds, seconds).
+    """
+
+    trial: TrialSpec
+    start_time: float
+    grasp_radius: float = 0.035
+    still_speed: float = 0.015
+    grasp_hold_s: float = 0.4
+    timeout_s: float = 60.0
+    request_id: int = -1
+    status: str = 'running'
+    grasped: str | None = None
+    end_time: float | None = None
+    _dwell_object: str | None = field(default=None, repr=False)
+    _dwell_since: float = field(default=0.0, repr=False)
+
+    def update(self, gripper_xy: np.ndarray, speed: float, grasping: bool, now: float) -> str:
+        """Advance with the gripper's state at ``now``; returns the status."""
+        if self.status != 'running':
+            return self.status
+        if now - self.start_time > self.timeout_s:
+            self._finish('timeout', None, now)
+            return self.status
+        nearest, distance = None, math.inf
+        for obj in self.trial.objects:
+            d = float(np.hypot(gripper_xy[0] - obj.xy[0], gripper_xy[1] - obj.xy[1]))
+            if d < distance:
+                nearest, distance = obj.name, d
+        if not grasping or distance > self.grasp_radius or speed > self.still_speed:
+            self._dwell_object = None
+            return self.status
+        if self._dwell_object != nearest:
+            self._dwell_object, self._dwell_since = nearest, now
+        elif now - self._dwell_since >= self.grasp_hold_s:
+            self._finish('success' if nearest == 'target' else 'failure', nearest, now)
+        return self.status
+
+    def _finish(self, status: str, grasped: str | None, now: float) -> None:
+        self.status, self.grasped, self.end_time = status, grasped, now
+
+    def to_json(self, now: float, gripper: np.ndarray) -> str:
+        """The task state as JSON (the ``task_state`` topic's payload)."""
+        t = self.trial
+        return json.dumps({
+            'trial': t.seed, 'request_id': self.request_id, 'status': self.status,
+            'grasped': self.grasped,
+            'target_class': t.target_class, 'target': t.target.name, 'lookalike': t.lookalike,
+            'elapsed_s': round((self.end_time or now) - self.start_time, 3),
+            'gripper': [round(float(v), 4) for v in gripper],
+            'objects': [{'name': o.name, 'class': o.class_name, 'x': o.xy[0], 'y': o.xy[1],
+                         'known': o.known, 'lookalike': o.lookalike} for o in t.objects],
+        })
