@@ -282,6 +282,8 @@ MALFORMED = {
     'step smaller than a row': dict(step=WIDTH * 3 - 1),
     'size not height x step': dict(data=b'\x00' * (HEIGHT * WIDTH * 3 - 5)),
     'empty 0x0': dict(height=0, width=0, step=0, data=b''),
+    'zero width 0x128': dict(height=128, width=0, step=0, data=b''),
+    'zero height 96x0': dict(height=0, width=96, step=96 * 3, data=b''),
     'over the maximum size': dict(height=5000, width=5000, step=15000,
                                   data=b'\x00' * 16),
     'NaN in a float image': dict(encoding='32FC1', step=WIDTH * 4, data=np.full(
@@ -363,33 +365,39 @@ def test_unknown_backend_refuses_to_start(ros_context):
 
 
 def test_bench_node_prints_a_json_report(model_files):
-    # The benchmark as a user runs it: the node in its own process, frames over real DDS.
-    cmd = [sys.executable, '-m', 'uq_common.cli', 'bench', 'node', '--frames', '30',
-           '--model', str(model_files / 'detector.pt'),
+    """The benchmark as a user runs it: the node in its own process, frames over real DDS.
+
+    A smoke test of the command and its report; the latency targets are the benchmark's
+    business. At 2 Hz every period leaves room for the harness's bare forward pass even on
+    a machine whose cores are busy with other jobs (15 Hz did not, under 8 busy loops).
+    """
+    frames, rate_hz = 20, 2.0
+    cmd = [sys.executable, '-m', 'uq_common.cli', 'bench', 'node', '--frames', str(frames),
+           '--rate', str(rate_hz), '--model', str(model_files / 'detector.pt'),
            '--gp', str(model_files / 'detector_gp.npz'), '--domain-id', '45']
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                          env=os.environ | {'ROS_DOMAIN_ID': '45'})
     assert out.returncode == 0, out.stderr
-    report = json.loads(out.stdout)
-    assert report['frames_sent'] == 30
+    [line] = out.stdout.splitlines()
+    report = json.loads(line)
+    assert report['rate_hz_requested'] == rate_hz
+    assert report['frames_sent'] == frames
+    assert report['torch_threads'] == 1 and report['image_size'] == '320x240'
+    # The frames are paced by the clock, so the publish rate is the requested one even late.
+    assert report['rate_hz_published'] == pytest.approx(rate_hz, rel=0.25)
     # Best-effort images on a loaded machine may lose a few frames, never most.
-    assert 15 <= report['frames_answered'] <= 30
+    assert frames / 2 <= report['frames_answered'] <= frames
+    assert report['node_frames_dropped'] >= 0
+    assert isinstance(report['sustained'], bool)
+    timings = [k for k in report if k.endswith('_ms')]
+    assert all(np.isfinite(report[k]) and report[k] >= 0 for k in timings), report
     assert report['latency_p99_ms'] >= report['latency_p50_ms'] > 0
-    # The node's own split of the latency comes from its diagnostics (which also saw the
-    # warm-up frames, so it is bounded by the tail rather than the median).
-    assert 0 < report['node_latency_p50_ms'] <= report['latency_p99_ms']
-    assert report['harness_dispatch_p50_ms'] >= 0
-    assert 0 < report['harness_publish_p50_ms'] < report['latency_p50_ms']
-    # The bare forward runs in the harness between the node's frames, on the same frames.
-    assert report['frames_answered'] / 2 <= report['forward_samples'] <= report['frames_answered']
     assert report['forward_p99_ms'] >= report['forward_p50_ms'] > 0
-    assert report['node_overhead_ratio'] == pytest.approx(
-        (report['latency_p50_ms'] - report['forward_p50_ms']) / report['forward_p50_ms'])
-    # Inside the node, each frame's latency splits into its backend call and the rest.
-    assert 0 < report['node_overhead_p50_ms'] < report['node_latency_p50_ms']
-    assert report['node_overhead_p99_ms'] >= report['node_overhead_p50_ms']
-    assert report['end_to_end_over_node_forward_ratio'] == pytest.approx(
-        (report['latency_p50_ms'] - report['node_forward_p50_ms'])
-        / report['node_forward_p50_ms'])
-    assert report['node_side_overhead_ratio'] == pytest.approx(
-        report['node_overhead_p50_ms'] / report['node_forward_p50_ms'])
+    assert report['node_overhead_p99_ms'] >= report['node_overhead_p50_ms'] > 0
+    # A frame's end-to-end latency contains its transport and the node's own time, and the
+    # node's time contains its backend call: each part is smaller than the whole.
+    assert report['harness_publish_p50_ms'] < report['latency_p50_ms']
+    assert report['node_forward_p50_ms'] < report['node_latency_p50_ms']
+    assert report['node_overhead_p50_ms'] < report['node_latency_p50_ms']
+    # At 2 Hz a bare forward pass fits after (nearly) every answer.
+    assert report['frames_answered'] / 2 <= report['forward_samples'] <= report['frames_answered']

@@ -36,7 +36,8 @@ def test_manifest_is_valid_format_3(manifest):
     assert package.package_format == 3
     assert package.name == manifest.parent.name
     build_type = package.get_build_type()
-    assert build_type == ('ament_cmake' if package.name == 'uq_msgs' else 'ament_python')
+    assert build_type == ('ament_cmake' if package.name in ('uq_msgs', 'uq_bringup')
+                          else 'ament_python')
 
 
 @pytest.mark.skipif(shutil.which('xmllint') is None,

@@ -12,6 +12,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 BENCH_DOMAIN_ID = 43
+FAILSAFE_SCHEDULING_ALLOWANCE_S = 0.25
 
 
 def _env(domain_id: int) -> dict[str, str]:
@@ -24,7 +25,8 @@ def test_bench_prints_a_json_report():
            '--failsafe-trials', '1', '--domain-id', str(BENCH_DOMAIN_ID)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
                          env=_env(BENCH_DOMAIN_ID), cwd=REPO)
-    # Exit 1 only means a latency target was missed on this (shared, loaded) machine.
+    # Exit 1 only means a latency target was missed on this (shared, loaded) machine; a
+    # crash or a usage error is anything else.
     assert out.returncode in (0, 1), out.stderr
     report = json.loads(out.stdout)
     latency = report['decision_latency']
@@ -38,6 +40,13 @@ def test_bench_prints_a_json_report():
     assert failsafe['bound_s'] == pytest.approx(0.55)
     (trial,) = failsafe['trials']
     assert trial['level_before'] == 3 and trial['reaction_s'] >= 0.5
+    # Stale perception must bring teleoperation within deadline + one period of the node's
+    # check timer. On overcommitted cores that timer itself fires late (0.568 s was seen with
+    # a load average of 26 on 2 cores), which the benchmark reports as within_bound false
+    # and exit code 1; a fall-back later still means the fail-safe is broken, not slow.
+    assert trial['reaction_s'] <= failsafe['bound_s'] + FAILSAFE_SCHEDULING_ALLOWANCE_S, trial
+    assert failsafe['within_bound'] == (trial['reaction_s'] <= failsafe['bound_s'])
     assert report['meets_p99_target'] == (latency['node_callback']['p99_ms'] <= 1.0)
+    # Exit 0 when every target is met (p99 latency and the fail-safe bound), 1 otherwise.
     assert out.returncode == (0 if report['meets_p99_target'] and failsafe['within_bound']
-                              else 1)
+                              else 1), out.stderr

@@ -159,7 +159,7 @@ def test_build_targets_pads_images_with_fewer_objects():
     assert targets.mask.tolist() == [[0.0, 0.0], [1.0, 1.0]]
     assert targets.label.tolist() == [[-1, -1], [0, -1]]
     assert float(targets.heatmap[0].sum()) == 0.0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match='image 0: 1 boxes but 2 labels'):
         build_targets([np.zeros((1, 4))], [np.zeros(2, dtype=np.int64)], (8, 12))
 
 
@@ -205,7 +205,7 @@ def test_augment_crops_clip_and_drop_boxes():
     # from a start of 12 on, so a crop holds A alone, nothing, or B alone.
     outcomes = {tuple(lb.tolist()) for lb in kept}
     assert outcomes == {(0,), (), (1,)}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r'crop \(48, 32\) does not fit images'):
         augment(images[:1], boxes[:1], labels[:1], np.random.default_rng(0), crop=(48, 32))
 
 
@@ -221,11 +221,11 @@ def test_jitter_boxes_stays_within_bounds():
 
 
 def test_train_config_validation():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match='epochs must be >= 1'):
         TrainConfig(epochs=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match='learning_rate must be > 0'):
         TrainConfig(learning_rate=0.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match='crop must be'):
         TrainConfig(crop=(100, 160))
     with pytest.raises(ValueError, match='separation_weight'):
         TrainConfig(separation_weight=-1.0)
@@ -346,7 +346,6 @@ def test_run_training_and_evaluation_end_to_end(dataset, tmp_path):
     assert model.model_id == summary['model_id']
     gp = LastLayerNTKGP.load(out / 'detector_gp.npz', feature_dim=model.embedding_dim,
                              class_names=model.class_names, model_id=model.model_id)
-    assert gp.ood_threshold is not None
     assert model.metadata['gp']['num_experts'] == gp.num_experts
 
     val = load_split(dataset / 'val')
@@ -354,6 +353,11 @@ def test_run_training_and_evaluation_end_to_end(dataset, tmp_path):
     assert truth_phi.shape == (8, model.embedding_dim) and truth_labels.tolist() == [0, 1] * 4
     phi, labels = object_embeddings(model, val)
     np.testing.assert_array_equal(labels, truth_labels)
+    # The OOD threshold is the configured quantile of the validation objects' GP variances
+    # (a threshold from the training set, or a different statistic, would differ).
+    assert 0.5 <= gp.config.ood_quantile < 1
+    assert gp.ood_threshold == pytest.approx(
+        float(np.quantile(gp.gp_variance(phi), gp.config.ood_quantile)), rel=1e-9)
     # Each object's embedding comes from its ground-truth box or from a detection.
     detected = np.concatenate([model.detect(im, score_threshold=0.05, max_detections=50)
                                .embeddings for im in val.images])
@@ -379,4 +383,7 @@ def test_run_training_and_evaluation_end_to_end(dataset, tmp_path):
     latency = report['latency_ms']
     assert latency['runs'] == 3
     assert latency['threads_1']['forward_p50'] > 0 and latency['threads_2']['forward_p50'] > 0
+    backend_latency = report['backend_latency_ms']
+    assert backend_latency['backend'] == 'pytorch-cpu' and backend_latency['runs'] == 3
+    assert backend_latency['infer_with_gp_p50'] >= backend_latency['infer_p50'] > 0
     json.dumps(report)

@@ -208,7 +208,17 @@ def test_quick_benchmark_produces_every_method_and_metric(data_dir: Path, tmp_pa
         # One epoch on a subset still learns: far above the 10 % of guessing.
         assert r['accuracy'] > 0.5, name
     for method in (Method.NTK_GP_1, Method.NTK_GP_M):
-        h = methods[method.value]['hyperparameters']
+        r = methods[method.value]
+        # The GP variance is the NTK-GP's OOD score, and it must rank a clearly foreign set
+        # (notMNIST letters; uniform noise in the synthetic layout) above MNIST: a constant
+        # variance gives 0.5, an inverted one near 0 (the quick run here gave 0.98).
+        assert r['ood_score'] == 'gp_variance'
+        for name, per_set in r['ood'].items():
+            assert per_set['auroc'] == r['score_auroc']['gp_variance'][name]
+        assert r['ood']['notMNIST']['auroc'] > 0.8, (method, r['ood'])
+        # ... and flag more of it than of MNIST, whose flag rate the threshold sets.
+        assert r['ood_flag_rate']['notMNIST'] > 2 * r['ood_flag_rate']['MNIST'], method
+        h = r['hyperparameters']
         assert all(math.isfinite(v) and v > 0 for v in h['sigma2'] + h['delta'])
         assert math.isfinite(h['ood_threshold']) and h['temperature'] > 0
         assert set(methods[method.value]['score_auroc']) == {

@@ -24,8 +24,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help='directory with mnist/, fashion_mnist/, kmnist/, notmnist/ '
                              '(default: the first existing of $UQ_DATA_DIR and '
                              '<workspace>/../shared/data)')
-    parser.add_argument('--out', type=Path, required=True,
-                        help='output directory for results.json, results.md and plots')
+    parser.add_argument('--out', type=Path, default=Path('out/bench_mnist'),
+                        help='output directory for results.json, results.md and plots '
+                             '(default: out/bench_mnist)')
     parser.add_argument('--quick', action='store_true',
                         help='reduced run (2000 training images, 1 epoch, 1000 images per '
                              'evaluation set; every method and metric)')

@@ -20,9 +20,13 @@ def test_box_iou_hand_cases():
     assert box_iou([[0, 0, 0, 0]], [[0, 0, 0, 0]])[0, 0] == 0.0
 
 
-@pytest.mark.parametrize('boxes', [np.ones((2, 3)), [[0, 0, -1, 1]], [[np.nan, 0, 1, 1]]])
-def test_box_iou_rejects_bad_boxes(boxes):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize('boxes,message', [
+    (np.ones((2, 3)), r'must have shape \(N, 4\)'),
+    ([[0, 0, -1, 1]], 'negative width or height'),
+    ([[np.nan, 0, 1, 1]], 'non-finite'),
+])
+def test_box_iou_rejects_bad_boxes(boxes, message):
+    with pytest.raises(ValueError, match=message):
         box_iou(boxes, [[0, 0, 1, 1]])
 
 
@@ -57,9 +61,9 @@ def test_match_prefers_regular_ground_truth_over_ignored():
 
 
 def test_match_rejects_inconsistent_inputs():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match='2 detection boxes but 3 scores'):
         match_detections(np.ones((2, 4)), np.ones(3), np.ones((1, 4)))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r'labels must have shape \(2,\)'):
         match_detections(np.ones((1, 4)), np.ones(1), np.ones((2, 4)), gt_ignore=[True])
 
 
@@ -81,12 +85,12 @@ def test_average_precision_edge_cases():
     assert np.isnan(average_precision(np.array([0.3]), np.array([False]), 0))
 
 
-@pytest.mark.parametrize('args', [
-    (np.array([0.5, 0.4]), np.array([True, True]), 1),  # more TPs than objects
-    (np.array([0.5]), np.array([True, False]), 2),  # length mismatch
-    (np.array([np.inf]), np.array([True]), 1),
-    (np.array([0.5]), np.array([True]), -1),
+@pytest.mark.parametrize('args,message', [
+    ((np.array([0.5, 0.4]), np.array([True, True]), 1), 'true positives exceed 1 objects'),
+    ((np.array([0.5]), np.array([True, False]), 2), r'must have shape \(1,\)'),
+    ((np.array([np.inf]), np.array([True]), 1), 'non-finite'),
+    ((np.array([0.5]), np.array([True]), -1), 'num_ground_truth must be >= 0'),
 ])
-def test_average_precision_rejects_bad_inputs(args):
-    with pytest.raises(ValueError):
+def test_average_precision_rejects_bad_inputs(args, message):
+    with pytest.raises(ValueError, match=message):
         average_precision(*args)

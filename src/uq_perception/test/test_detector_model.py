@@ -113,14 +113,16 @@ def test_decode_thresholds_cuts_and_rescales():
     np.testing.assert_allclose(scaled[0].boxes[0], [20.0, 16.0, 8.0, 12.0])
 
 
-@pytest.mark.parametrize('kwargs', [
-    {'score_threshold': 1.5}, {'score_threshold': -0.1}, {'max_detections': -1},
-    {'image_sizes': [(32, 48)]},
+@pytest.mark.parametrize('kwargs,message', [
+    ({'score_threshold': 1.5}, r'score_threshold must be in \[0, 1\]'),
+    ({'score_threshold': -0.1}, r'score_threshold must be in \[0, 1\]'),
+    ({'max_detections': -1}, 'max_detections must be >= 0'),
+    ({'image_sizes': [(32, 48)]}, 'image_sizes has 1 entries for a batch of 2'),
 ])
-def test_decode_rejects_bad_arguments(kwargs):
+def test_decode_rejects_bad_arguments(kwargs, message):
     model = _tiny_model()
     args = {'score_threshold': 0.3, 'max_detections': 5, **kwargs}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=message):
         model.decode(_hand_outputs(), **args)
 
 
@@ -136,25 +138,29 @@ def test_detect_resizes_and_maps_boxes_back():
     np.testing.assert_allclose(dets_big.embeddings, dets_small.embeddings, rtol=1e-5)
 
 
-@pytest.mark.parametrize('image', [
-    np.zeros((32, 48), dtype=np.uint8),
-    np.zeros((32, 48, 4), dtype=np.uint8),
-    np.zeros((32, 48, 3), dtype=np.float32),
-    np.zeros((0, 48, 3), dtype=np.uint8),
-    [[0, 0, 0]],
+@pytest.mark.parametrize('image,message', [
+    (np.zeros((32, 48), dtype=np.uint8), r'must have shape \(H, W, 3\)'),
+    (np.zeros((32, 48, 4), dtype=np.uint8), r'must have shape \(H, W, 3\)'),
+    (np.zeros((32, 48, 3), dtype=np.float32), 'must be uint8 RGB'),
+    (np.zeros((0, 48, 3), dtype=np.uint8), 'image is empty'),
+    ([[0, 0, 0]], 'must be a numpy array'),
 ])
-def test_detect_rejects_bad_images(image):
-    with pytest.raises(ValueError):
+def test_detect_rejects_bad_images(image, message):
+    with pytest.raises(ValueError, match=message):
         _tiny_model().detect(image)
 
 
-@pytest.mark.parametrize('kwargs', [
-    {'input_size': (30, 48)}, {'class_names': ['a', 'a']}, {'class_names': []},
-    {'embedding_dim': 0}, {'channels': (4, 8, 8)}, {'max_candidates': 0},
-    {'embedding_activation': 'tanh'},
+@pytest.mark.parametrize('kwargs,message', [
+    ({'input_size': (30, 48)}, 'input_size must be positive multiples of 16'),
+    ({'class_names': ['a', 'a']}, 'class_names must be non-empty and unique'),
+    ({'class_names': []}, 'class_names must be non-empty and unique'),
+    ({'embedding_dim': 0}, 'embedding_dim must be positive'),
+    ({'channels': (4, 8, 8)}, 'channels must list 4 stage widths'),
+    ({'max_candidates': 0}, 'max_candidates must be positive'),
+    ({'embedding_activation': 'tanh'}, 'embedding_activation must be one of'),
 ])
-def test_constructor_rejects_bad_configuration(kwargs):
-    with pytest.raises(ValueError):
+def test_constructor_rejects_bad_configuration(kwargs, message):
+    with pytest.raises(ValueError, match=message):
         _tiny_model(**kwargs)
 
 

@@ -154,6 +154,30 @@ def test_online_update_equals_refit_on_enlarged_data(data, config):
                                rtol=1e-9)
 
 
+@pytest.mark.parametrize('config', [CONFIGS[0], CONFIGS[1]], ids=IDS[:2])
+def test_long_online_update_sequence_crossing_exact_recomputation_equals_refit(data, config):
+    """650 updates: the expert's inverse is recomputed exactly after its 256th and 512th.
+
+    The recomputation must use the Gram matrix that already includes the sample being added;
+    a recomputation from the previous Gram drops that sample and drifts away from a refit.
+    """
+    x, y, w, b = data
+    gp = LastLayerNTKGP(w, b, config).fit(x, y)
+    rng = np.random.default_rng(7)
+    picks = rng.integers(len(x), size=650)
+    new = x[picks] + 0.3 * rng.standard_normal((650, D))
+    new_labels = y[picks]
+    for feature, label in zip(new, new_labels, strict=True):
+        gp.update(feature, int(label))
+    refit = copy.deepcopy(gp).fit(np.concatenate([x, new]), np.concatenate([y, new_labels]),
+                                  keep_gating=True, keep_hyperparameters=True)
+    queries = np.concatenate([new[-20:], x[:10], 4.0 * x[:3]])
+    np.testing.assert_allclose(gp.gp_variance(queries), refit.gp_variance(queries),
+                               rtol=1e-6)
+    np.testing.assert_allclose(gp.predict(queries).logits, refit.predict(queries).logits,
+                               rtol=1e-6, atol=1e-9)
+
+
 @pytest.mark.parametrize('config', CONFIGS, ids=IDS)
 def test_new_class_is_learned_online_and_matches_refit(data, config):
     x, y, w, b = data

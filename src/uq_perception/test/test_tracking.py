@@ -25,9 +25,12 @@ def test_track_survives_max_missed_frames_then_is_forgotten():
     assert tracker.update(np.array([[10, 10, 10, 10]], float))[0] != tid
 
 
-@pytest.mark.parametrize('kwargs', [dict(iou_threshold=0.0), dict(max_missed=-1)])
-def test_invalid_settings_are_rejected(kwargs):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize('kwargs,message', [
+    (dict(iou_threshold=0.0), r'iou_threshold must be in \(0, 1\]'),
+    (dict(max_missed=-1), 'max_missed must be >= 0'),
+])
+def test_invalid_settings_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
         IoUTracker(**kwargs)
 
 
