@@ -68,9 +68,13 @@ fi
 
 # 4. Build the workspace. Python packages are symlink-installed, so editing their modules
 # needs no rebuild; interfaces, manifests and entry points do.
-build_stamp=$(stamp_of $(find src -path '*/__pycache__' -prune -o \
+# uq_bringup installs launch/, config/, models/ and worlds/ file by file: adding or removing a
+# file there needs a rebuild too, so the file names are part of the stamp.
+build_stamp=$( { cat $(find src -path '*/__pycache__' -prune -o \
   \( -name package.xml -o -name setup.py -o -name setup.cfg -o -name CMakeLists.txt \
-     -o -name '*.msg' -o -name '*.srv' \) -print | sort) <<<"$req_stamp")
+     -o -name '*.msg' -o -name '*.srv' \) -print | sort); \
+  find launch config models src/uq_bringup/worlds -path '*/__pycache__' -prune -o -type f -print | sort; \
+  echo "$req_stamp"; } | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$ROOT/install/.uq-build-stamp" 2>/dev/null)" != "$build_stamp" ]; then
   log "building the workspace with colcon"
   mkdir -p "$ROOT/log"

@@ -1,0 +1,130 @@
+"""The stack fed by a recorded bag, for rosbag replay evaluation.
+
+    ros2 launch uq_bringup replay.launch.py bag:=/data/run1
+    ros2 launch uq_bringup replay.launch.py bag:=run1.mcap replay_args:='--rate 2.0'
+    ros2 launch uq_bringup replay.launch.py --show-args
+
+Includes ``uq_stack.launch.py`` (``use_sim_time`` true by default: the nodes follow the
+bag's ``/clock``) and runs ``uq replay <bag> [replay_args]`` (with ``--clock`` under
+``use_sim_time``), which publishes the bag's messages over DDS with their original timing.
+The replay starts once the detector is active (its model loaded), so no frame is lost to
+start-up. When the replay process ends, the whole launch shuts down
+(``shutdown_at_end:=false`` keeps the stack running).
+
+NOTE: ``uq replay`` itself belongs to the rosbag replay work (its options: ``--rate``,
+``--start-offset``, ``--record OUT`` ...: ``uq replay --help``); this file only starts it and
+passes ``replay_args`` through unchanged. Where the installed ``uq`` has no ``replay``
+command the launch fails at start saying so, before any node is started.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+from ament_index_python.packages import PackageNotFoundError, get_package_prefix
+from launch import LaunchContext, LaunchDescription
+from launch.actions import (
+    DeclareLaunchArgument,
+    EmitEvent,
+    ExecuteProcess,
+    IncludeLaunchDescription,
+    OpaqueFunction,
+    RegisterEventHandler,
+)
+from launch.event_handlers import OnProcessExit
+from launch.events import Shutdown
+from launch.launch_description_sources import PythonLaunchDescriptionSource
+from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
+from launch_ros.event_handlers import OnStateTransition
+from launch_ros.events.lifecycle import StateTransition
+from launch_ros.substitutions import FindPackageShare
+
+SHARE = FindPackageShare('uq_bringup')
+# Packages whose lib/<package>/ may hold the `uq` console script.
+UQ_PACKAGES = ('uq_common', 'uq_perception')
+
+
+def _uq_command() -> str | None:
+    """The `uq` executable: on PATH, else in an installed package of this workspace."""
+    found = shutil.which('uq')
+    if found:
+        return found
+    for package in UQ_PACKAGES:
+        try:
+            path = Path(get_package_prefix(package)) / 'lib' / package / 'uq'
+        except PackageNotFoundError:
+            continue
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    return None
+
+
+def _replay(context: LaunchContext) -> list:
+    bag = LaunchConfiguration('bag').perform(context).strip()
+    if not bag or not Path(bag).exists():
+        raise RuntimeError(f"launch argument 'bag': no such bag {bag!r} (a rosbag2 directory "
+                           'or a .mcap / .db3 file)')
+    shutdown = LaunchConfiguration('shutdown_at_end').perform(context).lower()
+    if shutdown not in ('true', 'false'):
+        raise RuntimeError(f"launch argument 'shutdown_at_end' must be true or false, "
+                           f'got {shutdown!r}')
+    uq = _uq_command()
+    if uq is None:
+        raise RuntimeError('the `uq` command is not installed (source this workspace: '
+                           'install/setup.bash)')
+    probe = subprocess.run([uq, 'replay', '--help'], capture_output=True, text=True,
+                           timeout=60, check=False)
+    if probe.returncode != 0:
+        raise RuntimeError('`uq replay` is not available in this workspace yet (delivered by '
+                           'the rosbag replay work); cannot replay ' + repr(bag))
+    extra = shlex.split(LaunchConfiguration('replay_args').perform(context))
+    # Nodes on use_sim_time need the bag's time on /clock.
+    if LaunchConfiguration('use_sim_time').perform(context).lower() == 'true' \
+            and '--clock' not in extra:
+        extra.append('--clock')
+    replay = ExecuteProcess(cmd=[uq, 'replay', str(Path(bag).resolve()), *extra],
+                            name='uq_replay', output='screen', emulate_tty=True)
+    actions: list = [replay]
+    if shutdown == 'true':
+        actions.append(RegisterEventHandler(OnProcessExit(
+            target_action=replay,
+            on_exit=[EmitEvent(event=Shutdown(reason='bag replay finished'))])))
+    if LaunchConfiguration('autostart').perform(context).lower() != 'true':
+        return actions
+    # The first frames would be lost on a detector still loading its model: start the
+    # replay once the detector is active (once: a respawned detector does not restart it).
+    return [RegisterEventHandler(OnStateTransition(
+        matcher=lambda event: (isinstance(event, StateTransition)
+                               and event.action.node_name.endswith('/detector_node')
+                               and event.goal_state == 'active'),
+        entities=actions, handle_once=True))]
+
+
+def generate_launch_description() -> LaunchDescription:
+    stack = IncludeLaunchDescription(
+        PythonLaunchDescriptionSource(PathJoinSubstitution([SHARE, 'launch',
+                                                            'uq_stack.launch.py'])),
+        launch_arguments=[(name, LaunchConfiguration(name))
+                          for name in ('use_sim_time', 'autostart')])
+    return LaunchDescription([
+        DeclareLaunchArgument('bag', description='The bag to replay (rosbag2 directory, or '
+                                                 'a .mcap / .db3 file); required.'),
+        DeclareLaunchArgument('replay_args', default_value='',
+                              description="Extra options for `uq replay`, e.g. '--rate 2.0' "
+                                          '(see `uq replay --help`).'),
+        DeclareLaunchArgument('use_sim_time', default_value='true',
+                              description="true: the nodes follow the bag's /clock."),
+        DeclareLaunchArgument('shutdown_at_end', default_value='true',
+                              description='true: stop every node when the replay ends.'),
+        DeclareLaunchArgument('autostart', default_value='true',
+                              description='true: activate the detector and start the replay '
+                                          'once it is active; false: start the replay at once '
+                                          'and leave the detector to a lifecycle manager.'),
+        # Validation first: a missing bag or `uq replay` fails before the stack starts.
+        OpaqueFunction(function=_replay),
+        stack,
+    ])

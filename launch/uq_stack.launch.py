@@ -1,0 +1,353 @@
+"""The uncertainty-gated perception stack: detector, arbitration and ask-for-help nodes.
+
+    ros2 launch uq_bringup uq_stack.launch.py                      # sim profile, CPU
+    ros2 launch uq_bringup uq_stack.launch.py profile:=robot image_topic:=/camera/color/image_raw
+    ros2 launch uq_bringup uq_stack.launch.py --show-args          # every argument, documented
+
+Nodes (all in ``namespace``):
+
+- ``detector_node`` (uq_perception), a managed (lifecycle) node. With ``autostart:=true``
+  (default) this launch file configures it as soon as its process starts and activates it
+  once it reaches ``inactive``, through launch_ros lifecycle events (``ChangeState`` /
+  ``OnStateTransition``); the node's own ``autostart`` parameter stays false. With
+  ``autostart:=false`` it waits unconfigured for a lifecycle manager or
+  ``ros2 lifecycle set <ns>/detector_node configure``. The ``configure`` event is emitted
+  once the new process is discovered on DDS (see ``_ConfigureWhenDiscovered``).
+  **Respawn:** if the detector process dies, launch reports it (``process has died``) and
+  starts it again after ``respawn_delay`` seconds (``respawn:=false`` turns this off); the
+  new process is configured and activated again by the same events. While it is down the
+  arbitration node sees no detections and falls back to teleoperation within its
+  perception deadline.
+- ``arbitration_node`` (uq_autonomy): autonomy level from the detections' uncertainty.
+- ``ask_for_help_node`` (uq_autonomy), unless ``ask_for_help:=false``.
+
+Parameters: for each node, ``config/<name>.yaml`` (the sim profile, the base, required;
+``detector``, ``arbitration``, ``ask_for_help``), then, with ``profile:=robot``,
+``config/robot/<name>.yaml`` on top of it if present (only the values a robot changes), then
+the launch arguments (``model_path``, ``backend``, ``use_sim_time`` ...).
+``config_dir:=DIR`` reads the base files from another directory. The files may name their
+node ``detector_node``, ``/**`` or ``/**/detector_node``; the merged values are written to
+one parameter file per node whose key matches the node in any namespace.
+
+Bad arguments fail the launch before any process starts, with a message naming the
+argument: an unknown ``backend``, ``profile`` or ``log_level``, a ``model_path`` /
+``gp_path`` / ``dds_profile`` that is not a file, ``backend:=tensorrt`` without an existing
+``engine_path``, a non-boolean flag, a negative ``respawn_delay``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from launch import LaunchContext, LaunchDescription
+from launch.actions import (
+    DeclareLaunchArgument,
+    EmitEvent,
+    LogInfo,
+    OpaqueFunction,
+    RegisterEventHandler,
+    SetEnvironmentVariable,
+)
+from launch.event_handlers import OnProcessStart
+from launch.events import matches_action
+from launch.substitutions import EnvironmentVariable, LaunchConfiguration, PathJoinSubstitution
+from launch_ros.actions import LifecycleNode, Node
+from launch_ros.event_handlers import OnStateTransition
+from launch_ros.events.lifecycle import ChangeState
+from launch_ros.ros_adapters import get_ros_node
+from launch_ros.substitutions import FindPackageShare
+from lifecycle_msgs.msg import Transition
+
+BACKENDS = ('pytorch-cpu', 'pytorch-cuda', 'tensorrt')
+PROFILES = ('sim', 'robot')
+LOG_LEVELS = ('debug', 'info', 'warn', 'error', 'fatal')
+NODES = {  # node name -> package (the executable has the node's name)
+    'detector_node': 'uq_perception',
+    'arbitration_node': 'uq_autonomy',
+    'ask_for_help_node': 'uq_autonomy',
+}
+
+SHARE = FindPackageShare('uq_bringup')
+ARGUMENTS = [
+    DeclareLaunchArgument(
+        'namespace', default_value='',
+        description='ROS namespace of every node of the stack (empty: the root namespace).'),
+    DeclareLaunchArgument(
+        'image_topic', default_value='image',
+        description='Camera image topic (sensor_msgs/Image) the detector and the ask-for-help '
+                    'node read; remaps their relative "image". Relative names resolve in '
+                    '`namespace`.'),
+    DeclareLaunchArgument(
+        'camera_info_topic', default_value='camera_info',
+        description='CameraInfo topic matching image_topic (optional input of the detector).'),
+    DeclareLaunchArgument(
+        'model_path', default_value=PathJoinSubstitution([SHARE, 'models', 'detector.pt']),
+        description='Detector weights (must exist). Default: the shipped model.'),
+    DeclareLaunchArgument(
+        'gp_path', default_value=PathJoinSubstitution([SHARE, 'models', 'detector_gp.npz']),
+        description='NTK-GP artefact fitted for model_path (must exist and match the model).'),
+    DeclareLaunchArgument(
+        'backend', default_value='pytorch-cpu',
+        description='Inference backend: one of ' + ', '.join(BACKENDS) + '.'),
+    DeclareLaunchArgument(
+        'engine_path', default_value='',
+        description='TensorRT engine from `uq build-engine`; required (an existing file) '
+                    'with backend:=tensorrt, ignored otherwise.'),
+    DeclareLaunchArgument(
+        'profile', default_value='sim',
+        description='Parameter profile: sim (config/*.yaml) or robot (config/robot/*.yaml '
+                    'applied on top of config/*.yaml).'),
+    DeclareLaunchArgument(
+        'config_dir', default_value=PathJoinSubstitution([SHARE, 'config']),
+        description='Directory of the parameter files: detector.yaml, arbitration.yaml, '
+                    'ask_for_help.yaml (the sim profile) and robot/ (the robot profile).'),
+    DeclareLaunchArgument(
+        'use_sim_time', default_value='false',
+        description='true: every node follows /clock (bag replay, simulators).'),
+    DeclareLaunchArgument(
+        'log_level', default_value='info',
+        description='Logger level of every node: one of ' + ', '.join(LOG_LEVELS) + '.'),
+    DeclareLaunchArgument(
+        'autostart', default_value='true',
+        description='true: configure and activate the lifecycle detector at start-up; '
+                    'false: leave it unconfigured for a lifecycle manager.'),
+    DeclareLaunchArgument(
+        'respawn', default_value='true',
+        description='true: restart the detector process when it dies (then configured and '
+                    'activated again when autostart is true).'),
+    DeclareLaunchArgument(
+        'respawn_delay', default_value='2.0',
+        description='Seconds between the detector process dying and its restart.'),
+    DeclareLaunchArgument(
+        'ask_for_help', default_value='true',
+        description='true: start the ask-for-help node (labelling requests).'),
+    DeclareLaunchArgument(
+        'dds_profile',
+        default_value=EnvironmentVariable(
+            'FASTRTPS_DEFAULT_PROFILES_FILE',
+            default_value=PathJoinSubstitution([SHARE, 'config', 'dds',
+                                                'fastdds_large_images.xml'])),
+        description='Fast DDS XML profile of the nodes (FASTRTPS_DEFAULT_PROFILES_FILE; '
+                    'default: the one already exported, else the shipped large-image profile, '
+                    'docs/dds.md); empty: Fast DDS defaults.'),
+]
+
+
+class LaunchArgumentError(RuntimeError):
+    """A launch argument is invalid; the message names it."""
+
+
+def _arg(context: LaunchContext, name: str) -> str:
+    return LaunchConfiguration(name).perform(context).strip()
+
+
+def _flag(context: LaunchContext, name: str) -> bool:
+    value = _arg(context, name).lower()
+    if value not in ('true', 'false'):
+        raise LaunchArgumentError(
+            f"launch argument '{name}' must be true or false, got {value!r}")
+    return value == 'true'
+
+
+def _choice(context: LaunchContext, name: str, choices: tuple[str, ...]) -> str:
+    value = _arg(context, name)
+    if value not in choices:
+        raise LaunchArgumentError(
+            f"launch argument '{name}' must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _existing_file(context: LaunchContext, name: str, hint: str = '') -> str:
+    value = _arg(context, name)
+    if not value or not Path(value).is_file():
+        raise LaunchArgumentError(
+            f"launch argument '{name}': no such file {value!r}{hint}")
+    return str(Path(value).resolve())
+
+
+def _node_parameters(path: Path, node: str) -> dict[str, Any]:
+    """The ``ros__parameters`` of ``node`` in a ROS parameter file (``{}`` if none)."""
+    with open(path, encoding='utf-8') as stream:
+        data = yaml.safe_load(stream) or {}
+    if not isinstance(data, dict):
+        raise LaunchArgumentError(f'parameter file {path} is not a mapping of node names')
+    merged: dict[str, Any] = {}
+    for key, entry in data.items():
+        name = str(key).lstrip('/')
+        if name in (node, '**', f'**/{node}') or name.endswith(f'/{node}'):
+            params = (entry or {}).get('ros__parameters', {}) if isinstance(entry, dict) else {}
+            _deep_update(merged, params)
+    return merged
+
+
+def _deep_update(target: dict[str, Any], source: dict[str, Any]) -> None:
+    for key, value in source.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            _deep_update(target[key], value)
+        else:
+            target[key] = value
+
+
+def _parameter_file(node: str, files: list[Path], overrides: dict[str, Any]) -> Path:
+    """Merge ``files`` (later wins) and ``overrides`` into one parameter file for ``node``."""
+    params: dict[str, Any] = {}
+    for path in files:
+        _deep_update(params, _node_parameters(path, node))
+    _deep_update(params, overrides)
+    # Keyed /**/<node>: the values reach the node in whatever namespace it runs.
+    handle, name = tempfile.mkstemp(prefix=f'uq_{node}_', suffix='.yaml')
+    with os.fdopen(handle, 'w', encoding='utf-8') as stream:
+        yaml.safe_dump({f'/**/{node}': {'ros__parameters': params}}, stream,
+                       default_flow_style=None, sort_keys=False)
+    return Path(name)
+
+
+def _profile_files(config_dir: Path, profile: str, node: str) -> list[Path]:
+    """``<config_dir>/<name>.yaml`` (+ ``robot/<name>.yaml``), name = node less ``_node``."""
+    name = node.removesuffix('_node')
+    base, robot = config_dir / f'{name}.yaml', config_dir / 'robot' / f'{name}.yaml'
+    if not base.is_file():
+        raise LaunchArgumentError(f"launch argument 'config_dir': no parameter file {base.name} "
+                                  f'for {node} in {str(config_dir)!r}')
+    return [base, robot] if profile == 'robot' and robot.is_file() else [base]
+
+
+class _ConfigureWhenDiscovered:
+    """``OnProcessStart`` action: emit the detector's ``configure`` event once its new process
+    is reachable.
+
+    launch_ros sends a ``ChangeState`` request as soon as ``change_state`` has a server, and
+    waits for the answer without a timeout. After a respawn that server may be the dead
+    process's, still in the DDS graph until its lease expires (a killed process does not
+    say goodbye): the request went there and was never answered, and the new detector stayed
+    unconfigured (seen with SIGKILL and a 1 s respawn delay). So the event is emitted only
+    once a ``transition_event`` publisher unknown at process start has been discovered (the
+    new process's) and there are as many ``change_state`` servers as such publishers (its
+    server is discovered too); a request then reaches the new process.
+    """
+
+    def __init__(self, detector: LifecycleNode) -> None:
+        self._detector = detector
+        self._generation = 0
+
+    def __call__(self, event: Any, context: LaunchContext) -> None:
+        self._generation += 1
+        node = get_ros_node(context)
+        name = self._detector.node_name
+        before = self._publisher_ids(node, f'{name}/transition_event')
+        future = context.asyncio_loop.run_in_executor(
+            None, self._wait_then_configure, context, node, name, before, self._generation)
+        context.add_completion_future(future)
+
+    @staticmethod
+    def _publisher_ids(node: Any, topic: str) -> set[tuple[int, ...]]:
+        return {tuple(info.endpoint_gid) for info in node.get_publishers_info_by_topic(topic)}
+
+    def _wait_then_configure(self, context: LaunchContext, node: Any, name: str,
+                             before: set[tuple[int, ...]], generation: int) -> None:
+        while not context.is_shutdown and generation == self._generation:
+            current = self._publisher_ids(node, f'{name}/transition_event')
+            if current - before and node.count_services(f'{name}/change_state') >= len(current):
+                event = ChangeState(lifecycle_node_matcher=matches_action(self._detector),
+                                    transition_id=Transition.TRANSITION_CONFIGURE)
+                context.asyncio_loop.call_soon_threadsafe(context.emit_event_sync, event)
+                return
+            time.sleep(0.1)
+
+
+def _stack(context: LaunchContext) -> list:
+    """Validate the arguments, then build the nodes (nothing starts if validation fails)."""
+    backend = _choice(context, 'backend', BACKENDS)
+    profile = _choice(context, 'profile', PROFILES)
+    log_level = _choice(context, 'log_level', LOG_LEVELS)
+    use_sim_time = _flag(context, 'use_sim_time')
+    autostart = _flag(context, 'autostart')
+    respawn = _flag(context, 'respawn')
+    ask_for_help = _flag(context, 'ask_for_help')
+    model_path = _existing_file(context, 'model_path')
+    gp_path = _existing_file(context, 'gp_path')
+    engine_path = ''
+    if backend == 'tensorrt':
+        engine_path = _existing_file(
+            context, 'engine_path', ' (backend tensorrt needs an engine: build it on this '
+            'machine with `uq build-engine --out FILE`)')
+    try:
+        respawn_delay = float(_arg(context, 'respawn_delay'))
+    except ValueError:
+        respawn_delay = -1.0
+    if not respawn_delay >= 0.0:
+        raise LaunchArgumentError("launch argument 'respawn_delay' must be a number >= 0, "
+                                  f'got {_arg(context, "respawn_delay")!r}')
+    config_dir = Path(_arg(context, 'config_dir'))
+    if not config_dir.is_dir():
+        raise LaunchArgumentError(f"launch argument 'config_dir': no such directory "
+                                  f'{str(config_dir)!r}')
+    if profile == 'robot' and not (config_dir / 'robot').is_dir():
+        raise LaunchArgumentError(f"launch argument 'profile': robot profile directory "
+                                  f'{str(config_dir / "robot")!r} does not exist')
+    image_topic, info_topic = _arg(context, 'image_topic'), _arg(context, 'camera_info_topic')
+    for name, value in (('image_topic', image_topic), ('camera_info_topic', info_topic)):
+        if not value:
+            raise LaunchArgumentError(f"launch argument '{name}' must not be empty")
+    namespace = _arg(context, 'namespace')
+    dds_profile = _arg(context, 'dds_profile')
+    if dds_profile:
+        dds_profile = _existing_file(context, 'dds_profile')
+
+    def params(node: str, overrides: dict[str, Any]) -> list[Path]:
+        return [_parameter_file(node, _profile_files(config_dir, profile, node),
+                                {'use_sim_time': use_sim_time, **overrides})]
+
+    common: dict[str, Any] = {
+        'namespace': namespace, 'output': 'screen', 'emulate_tty': True,
+        'ros_arguments': ['--log-level', log_level],
+    }
+    detector = LifecycleNode(
+        package=NODES['detector_node'], executable='detector_node', name='detector_node',
+        parameters=params('detector_node', {
+            'model_path': model_path, 'gp_path': gp_path, 'backend': backend,
+            'engine_path': engine_path, 'autostart': False}),
+        remappings=[('image', image_topic), ('camera_info', info_topic)],
+        respawn=respawn, respawn_delay=respawn_delay, **common)
+    actions: list = []
+    if dds_profile:
+        actions.append(SetEnvironmentVariable('FASTRTPS_DEFAULT_PROFILES_FILE', dds_profile))
+    actions.append(detector)
+    if autostart:
+        activate = EmitEvent(event=ChangeState(
+            lifecycle_node_matcher=matches_action(detector),
+            transition_id=Transition.TRANSITION_ACTIVATE))
+        actions += [
+            # On every start of the process, the first and each respawn.
+            RegisterEventHandler(OnProcessStart(
+                target_action=detector, on_start=_ConfigureWhenDiscovered(detector))),
+            RegisterEventHandler(OnStateTransition(
+                target_lifecycle_node=detector, start_state='configuring',
+                goal_state='inactive', entities=[activate])),
+            RegisterEventHandler(OnStateTransition(
+                target_lifecycle_node=detector, start_state='configuring',
+                goal_state='unconfigured', entities=[LogInfo(msg=(
+                    'detector_node failed to configure (see its log above); it stays '
+                    'unconfigured and the arbitration node keeps autonomy at level 0'))])),
+            RegisterEventHandler(OnStateTransition(
+                target_lifecycle_node=detector, goal_state='active',
+                entities=[LogInfo(msg='detector_node is active')])),
+        ]
+    actions.append(Node(
+        package=NODES['arbitration_node'], executable='arbitration_node',
+        name='arbitration_node', parameters=params('arbitration_node', {}), **common))
+    if ask_for_help:
+        actions.append(Node(
+            package=NODES['ask_for_help_node'], executable='ask_for_help_node',
+            name='ask_for_help_node', parameters=params('ask_for_help_node', {}),
+            remappings=[('image', image_topic)], **common))
+    return actions
+
+
+def generate_launch_description() -> LaunchDescription:
+    return LaunchDescription([*ARGUMENTS, OpaqueFunction(function=_stack)])
