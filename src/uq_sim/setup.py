@@ -19,6 +19,9 @@ setup(
     entry_points={
         'console_scripts': [
             'sim_camera_node = uq_sim.sim_camera_node:main',
+            'sim_robot_node = uq_sim.sim_robot_node:main',
+            'scripted_operator_node = uq_sim.scripted_operator_node:main',
+            'scripted_labeller_node = uq_sim.scripted_labeller_node:main',
         ],
         # Subcommands of `uq` (uq_common.cli): the name is the command path with dots
         # ("bench.gp" is `uq bench gp`), the value a function that fills an argparse parser.

@@ -25,6 +25,7 @@ Calls
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -64,6 +65,9 @@ from uq_msgs.msg import DetectionArray, HelpRequest
 from uq_msgs.srv import ProvideLabel, TeachObject
 
 NODE_NAME = 'ask_for_help_node'
+# Bounds on hostile inputs: no camera has more pixels per side, no frame more detections.
+MAX_PIXELS = 100_000.0
+MAX_DETECTIONS = 1000
 _DEFAULT = HelpPolicyConfig()
 # Policy parameters map one to one onto HelpPolicyConfig fields.
 POLICY_PARAMETERS = [
@@ -158,10 +162,36 @@ def policy_config(values: dict[str, Any]) -> HelpPolicyConfig:
         track_timeout_s=values['track_timeout_s'])
 
 
-def observations(msg: DetectionArray) -> list[TrackObservation]:
-    """The policy's view of each detection (adapter, no logic)."""
-    out = []
+def detection_problem(d: Any) -> str | None:
+    """Why a detection cannot be evidence for a help request, or ``None`` when it can: the
+    numbers the policy and the crop use must be finite and in range."""
+    numbers = (d.center_x, d.center_y, d.width, d.height, d.score,
+               d.uncertainty.gp_variance, d.uncertainty.mutual_information)
+    if not all(math.isfinite(v) for v in numbers):
+        return 'non-finite box, score or uncertainty'
+    if d.width <= 0.0 or d.height <= 0.0 or max(abs(d.center_x), abs(d.center_y),
+                                                   d.width, d.height) > MAX_PIXELS:
+        return f'box {d.width:g}x{d.height:g} at ({d.center_x:g}, {d.center_y:g}) out of range'
+    if d.uncertainty.gp_variance < 0.0 or d.uncertainty.mutual_information < 0.0:
+        return 'negative uncertainty'
+    if len(d.embedding):
+        embedding = np.asarray(d.embedding, dtype=np.float64)
+        if not np.isfinite(embedding).all() or float(np.abs(embedding).max()) > 1e6:
+            return 'non-finite or out-of-range embedding'
+    if not all(math.isfinite(p) and 0.0 <= p <= 1.0 for p in d.class_probabilities):
+        return 'class probabilities outside [0, 1]'
+    return None
+
+
+def observations(msg: DetectionArray) -> tuple[list[TrackObservation], list[str]]:
+    """The policy's view of each valid detection (adapter, no logic), and why the others
+    were left out."""
+    out, problems = [], []
     for d in msg.detections:
+        problem = detection_problem(d)
+        if problem:
+            problems.append(f'track {d.track_id}: {problem}')
+            continue
         probabilities = list(d.class_probabilities)
         order = np.argsort(probabilities)[::-1][:3] if probabilities else []
         out.append(TrackObservation(
@@ -174,7 +204,7 @@ def observations(msg: DetectionArray) -> list[TrackObservation]:
             candidates=tuple(Candidate(msg.class_names[i], float(probabilities[i]))
                              for i in order if i < len(msg.class_names)),
             score=d.score))
-    return out
+    return out, problems
 
 
 def _stamp_s(stamp: Any) -> float:
@@ -286,13 +316,17 @@ class AskForHelpNode(Node):
                 self._images.popitem(last=False)
 
     def _on_detections(self, msg: DetectionArray) -> None:
-        try:
-            frame = observations(msg)
-        except (IndexError, TypeError, ValueError) as exc:
+        if len(msg.detections) > MAX_DETECTIONS:
             self._counters['malformed'] += 1
-            self.get_logger().warn(f'ignoring a malformed DetectionArray: {exc}',
+            self.get_logger().warn(f'ignoring a DetectionArray of {len(msg.detections)} '
+                                   f'detections (at most {MAX_DETECTIONS})',
                                    throttle_duration_sec=2.0)
             return
+        frame, problems = observations(msg)
+        if problems:
+            self._counters['malformed'] += len(problems)
+            self.get_logger().warn(f'ignoring invalid detections: {"; ".join(problems[:3])}',
+                                   throttle_duration_sec=2.0)
         with self._lock:
             try:
                 decisions = self._policy.observe(_stamp_s(msg.header.stamp), frame)
@@ -302,15 +336,20 @@ class AskForHelpNode(Node):
                                        throttle_duration_sec=2.0)
                 return
             for decision in decisions:
-                self._raise(decision, msg)
+                try:
+                    self._raise(decision, msg)
+                except (ValueError, IndexError) as exc:
+                    self._policy.cancel(decision.request_id)
+                    self.get_logger().error(f'help request {decision.request_id} not raised: '
+                                            f'{exc}', throttle_duration_sec=2.0)
             self._last_stamp = _stamp_s(msg.header.stamp)
-            for d in msg.detections:
+            for obs in frame:  # the valid detections only
                 update_id = self._follow_up.observe(
-                    self._last_stamp, d.track_id, d.class_id, d.uncertainty.gp_variance,
+                    self._last_stamp, obs.track_id, obs.class_name, obs.gp_variance,
                     self._params['gp_variance_threshold'])
-                if update_id is not None and len(d.embedding):
-                    self._teach_follow_up(update_id, self._follow_up.label_of(d.track_id),
-                                          d.embedding, msg.model_id)
+                if update_id is not None and obs.embedding is not None:
+                    self._teach_follow_up(update_id, self._follow_up.label_of(obs.track_id),
+                                          obs.embedding, msg.model_id)
 
     def _raise(self, decision: HelpDecision, msg: DetectionArray) -> None:
         key = (msg.header.stamp.sec, msg.header.stamp.nanosec)

@@ -111,7 +111,7 @@ PARAMETERS = [
     ParameterSpec('publish_embeddings', True,
                   'Publish each detection\'s feature vector (Detection.embedding), which the '
                   'ask-for-help node needs to teach labels and to recognise objects again.'),
-    ParameterSpec('label_trust', 0.9,
+    ParameterSpec('label_trust', 0.99,
                   'Share of the posterior at a labelled object\'s feature that one person\'s '
                   'label decides (0: a label counts as one training point; '
                   'uq_perception/teaching.py).', min_value=0.0, max_value=0.999),

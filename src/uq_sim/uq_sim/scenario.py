@@ -16,6 +16,12 @@ Scenarios
     The four known objects, nothing moves.
 ``unknown_static`` (10 s)
     Two known objects and two unknown ones (torus, cone), nothing moves.
+``novel_arrivals`` (25 s)
+    Four known objects; an unknown torus is put down at 2 s, a cone at 9 s, a tetrahedron
+    at 16 s, and they stay (for ``uq eval help``).
+``novel_pair`` (20 s)
+    A known box and mug; an unknown cone is put down at 1 s and a torus at 8 s, and they
+    stay (for ``uq eval help``; its first seconds are the ``--quick`` run).
 """
 
 from __future__ import annotations
@@ -249,10 +255,36 @@ def _unknown_static() -> Scenario:
         events=(ScenarioEvent(0.0, 'known box and mug, unknown torus and cone'),))
 
 
+def _novel_arrivals() -> Scenario:
+    return Scenario(
+        name='novel_arrivals',
+        description='four known objects; unknown torus, cone, tetrahedron arrive and stay',
+        duration=25.0, spec_factory=lambda: _spec(_DEMO_KNOWN + ('torus', 'cone',
+                                                                 'tetrahedron'), False),
+        schedule={'torus': (2.0, math.inf), 'cone': (9.0, math.inf),
+                  'tetrahedron': (16.0, math.inf)},
+        events=(ScenarioEvent(0.0, 'known objects: box, sphere, mug, cylinder'),
+                ScenarioEvent(2.0, 'unknown torus appears'),
+                ScenarioEvent(9.0, 'unknown cone appears'),
+                ScenarioEvent(16.0, 'unknown tetrahedron appears')))
+
+
+def _novel_pair() -> Scenario:
+    return Scenario(
+        name='novel_pair', description='known box and mug; unknown cone and torus arrive',
+        duration=20.0, spec_factory=lambda: _spec(('box', 'mug', 'cone', 'torus'), False),
+        schedule={'cone': (1.0, math.inf), 'torus': (8.0, math.inf)},
+        events=(ScenarioEvent(0.0, 'known box and mug'),
+                ScenarioEvent(1.0, 'unknown cone appears'),
+                ScenarioEvent(8.0, 'unknown torus appears')))
+
+
 _FACTORIES: dict[str, Callable[[], Scenario]] = {
     'tabletop_demo': _tabletop_demo,
     'known_static': _known_static,
     'unknown_static': _unknown_static,
+    'novel_arrivals': _novel_arrivals,
+    'novel_pair': _novel_pair,
 }
 SCENARIO_NAMES: tuple[str, ...] = tuple(_FACTORIES)
 
