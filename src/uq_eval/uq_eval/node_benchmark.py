@@ -417,6 +417,13 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(result), flush=True)
     finally:
         node_process.terminate()
-        node_process.wait(timeout=10)
+        try:
+            # A loaded machine may take a while to unwind the node's executor and DDS.
+            node_process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            print('[bench node] the detector node did not stop on SIGTERM; killed it',
+                  file=sys.stderr)
+            node_process.kill()
+            node_process.wait(timeout=10)
         rclpy.try_shutdown()
     return 0
