@@ -210,13 +210,14 @@ class BagEvaluator:
         observations = []
         for i in range(len(frame)):
             order = np.argsort(-unc.probabilities[i])[:3]
+            box = frame.detections.boxes[i]
             observations.append(TrackObservation(
                 track_id=int(frame.track_ids[i]), class_index=int(predicted[i]),
                 class_name=frame.class_names[int(predicted[i])],
                 gp_variance=float(unc.gp_variance[i]),
                 mutual_information=float(unc.mutual_information[i]),
                 out_of_distribution=bool(unc.out_of_distribution[i]),
-                box=tuple(float(v) for v in frame.detections.boxes[i]),
+                box=(float(box[0]), float(box[1]), float(box[2]), float(box[3])),
                 embedding=frame.detections.embeddings[i],
                 candidates=tuple(Candidate(frame.class_names[int(k)],
                                            float(unc.probabilities[i, k])) for k in order),

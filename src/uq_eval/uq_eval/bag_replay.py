@@ -66,7 +66,7 @@ class Recorder:
 
         typestore = uq_typestore()
         self._lock = threading.Lock()
-        self._writer = Writer(out, version=9, storage_plugin=StoragePlugin.MCAP)
+        self._writer: Writer | None = Writer(out, version=9, storage_plugin=StoragePlugin.MCAP)
         self._writer.open()
         self.counts: dict[str, int] = {}
         self._subscriptions = []

@@ -55,7 +55,13 @@ from uq_eval.mnist_cnn import (
 )
 from uq_eval.mnist_data import OOD_SETS, MnistBenchmarkData
 from uq_perception import metrics
-from uq_perception.ntk import Gating, LastLayerNTKGP, NTKGPConfig
+from uq_perception.ntk import (
+    Gating,
+    LastLayerNTKGP,
+    NormFeatureMap,
+    NTKGPConfig,
+    select_feature_map,
+)
 
 __all__ = [
     'IN_DISTRIBUTION',
@@ -84,6 +90,7 @@ class Method(str, Enum):
     ENSEMBLE = 'ensemble'
     NTK_GP_1 = 'ntk_gp_1'
     NTK_GP_M = 'ntk_gp_m'
+    NTK_GP_NORM = 'ntk_gp_norm'
 
 
 class Score(str, Enum):
@@ -103,6 +110,7 @@ METHOD_LABELS: dict[Method, str] = {
     Method.ENSEMBLE: f'Deep ensemble M={ENSEMBLE_SIZE}',
     Method.NTK_GP_1: 'NTK-GP M=1',
     Method.NTK_GP_M: 'NTK-GP M>1',
+    Method.NTK_GP_NORM: 'NTK-GP, norm-aware features',
 }
 
 # (score for unknown-input detection, score for misclassification detection), fixed a priori.
@@ -114,11 +122,12 @@ PRIMARY_SCORES: dict[Method, tuple[Score, Score]] = {
     Method.ENSEMBLE: (Score.ENTROPY, Score.ENTROPY),
     Method.NTK_GP_1: (Score.GP_VARIANCE, Score.ENTROPY),
     Method.NTK_GP_M: (Score.GP_VARIANCE, Score.ENTROPY),
+    Method.NTK_GP_NORM: (Score.GP_VARIANCE, Score.ENTROPY),
 }
 
 BASELINES = (Method.MSP, Method.TEMPERATURE, Method.MC_DROPOUT_10, Method.MC_DROPOUT_30,
              Method.ENSEMBLE)
-NTK_GP_METHODS = (Method.NTK_GP_1, Method.NTK_GP_M)
+NTK_GP_METHODS = (Method.NTK_GP_1, Method.NTK_GP_M, Method.NTK_GP_NORM)
 # Timing entry for the NTK-GP variance alone (the cost breakdown).
 _VARIANCE_ONLY = 'ntk_gp_1_variance_only'
 
@@ -149,6 +158,9 @@ class BenchmarkConfig:
         Numbers of k-means GP experts (> 1) among which validation NLL chooses.
     ood_quantile : float
         Quantile of the validation GP variances used as the NTK-GP's OOD flag threshold.
+    feature_alphas, feature_scales, feature_expert_counts : tuple
+        Grid of the norm-aware feature map (``uq_perception.ntk.feature_map``) and numbers of
+        experts among which the GP's log evidence on the training features chooses.
     timing_batch : int
         Batch size of the cost measurement.
     timing_rounds : int
@@ -170,6 +182,9 @@ class BenchmarkConfig:
     ood_size: int | None = None
     expert_candidates: tuple[int, ...] = (2, 4, 8, 16)
     ood_quantile: float = 0.95
+    feature_alphas: tuple[float, ...] = (0.0, 1.0, 2.0)
+    feature_scales: tuple[float, ...] = (3.0,)
+    feature_expert_counts: tuple[int, ...] = (1, 16, 64)
     timing_batch: int = 256
     timing_rounds: int = 50
     timing_warmup: int = 3
@@ -190,6 +205,10 @@ class BenchmarkConfig:
         if not self.expert_candidates or min(self.expert_candidates) < 2:
             raise ValueError('expert_candidates must be a non-empty tuple of counts >= 2, got '
                              f'{self.expert_candidates}')
+        if not (self.feature_alphas and self.feature_scales and self.feature_expert_counts) \
+                or min(self.feature_scales) <= 0 or min(self.feature_expert_counts) < 1:
+            raise ValueError('feature_alphas, feature_scales (> 0) and feature_expert_counts '
+                             '(>= 1) must be non-empty')
         if not 0.0 < self.ood_quantile < 1.0:
             raise ValueError(f'ood_quantile must be in (0, 1), got {self.ood_quantile}')
 
@@ -197,7 +216,8 @@ class BenchmarkConfig:
     def quick(cls, seed: int = 0, progress: bool = False) -> BenchmarkConfig:
         """A reduced run (data subsets, one epoch, every method) for tests and smoke runs."""
         return cls(epochs=1, batch_size=64, validation_size=500, train_size=2000,
-                   test_size=500, ood_size=500, expert_candidates=(2, 4), timing_batch=64,
+                   test_size=500, ood_size=500, expert_candidates=(2, 4),
+                   feature_scales=(3.0,), feature_expert_counts=(1, 4), timing_batch=64,
                    timing_rounds=3, timing_warmup=1, seed=seed, progress=progress)
 
 
@@ -326,9 +346,11 @@ def _ensemble_stage(models: list[SmallCNN]) -> Callable[[torch.Tensor], NDArray[
     return stage
 
 
-def _gp_post(gp: LastLayerNTKGP) -> Callable[[tuple[NDArray[Any], NDArray[Any]]], Prediction]:
+def _gp_post(gp: LastLayerNTKGP, feature_map: NormFeatureMap | None = None
+             ) -> Callable[[tuple[NDArray[Any], NDArray[Any]]], Prediction]:
     def post(base: tuple[NDArray[Any], NDArray[Any]]) -> Prediction:
-        out = gp.predict(base[0], base[1])
+        features = base[0] if feature_map is None else feature_map(base[0])
+        out = gp.predict(features, base[1])
         return Prediction(out.probabilities, {
             Score.ONE_MINUS_MAX_PROB: 1.0 - out.probabilities.max(axis=1),
             Score.ENTROPY: out.predictive_entropy,
@@ -360,7 +382,8 @@ Post = Callable[[Any], Prediction]
 
 
 def _build_methods(models: list[SmallCNN], temperature: float, gp_single: LastLayerNTKGP,
-                   gp_multi: LastLayerNTKGP, seed: int
+                   gp_multi: LastLayerNTKGP, gp_norm: LastLayerNTKGP,
+                   feature_map: NormFeatureMap, seed: int
                    ) -> tuple[dict[str, Stage], dict[Method, tuple[str, Post]]]:
     """The stages (network passes) and each method's (stage name, post-processing)."""
     base_model = models[0]
@@ -380,6 +403,7 @@ def _build_methods(models: list[SmallCNN], temperature: float, gp_single: LastLa
             _softmax(z).mean(axis=0), _softmax(z))),
         Method.NTK_GP_1: ('base', _gp_post(gp_single)),
         Method.NTK_GP_M: ('base', _gp_post(gp_multi)),
+        Method.NTK_GP_NORM: ('base', _gp_post(gp_norm, feature_map)),
     }
     return stages, posts
 
@@ -439,6 +463,8 @@ class _TimingJob:
     temperature: float
     gp_single: LastLayerNTKGP
     gp_multi: LastLayerNTKGP
+    gp_norm: LastLayerNTKGP
+    feature_map: NormFeatureMap
     x: torch.Tensor
     config: BenchmarkConfig
     threads: int
@@ -453,7 +479,7 @@ def _timing_worker(job: _TimingJob) -> Timings:
         model.load_state_dict(state)
         models.append(model.eval())
     stages, posts = _build_methods(models, job.temperature, job.gp_single, job.gp_multi,
-                                   job.config.seed)
+                                   job.gp_norm, job.feature_map, job.config.seed)
 
     @torch.no_grad()
     def forward(x: torch.Tensor) -> NDArray[Any]:
@@ -593,11 +619,35 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
         if val_nll < best_nll:
             gp_multi, best_nll = gp, val_nll
     assert gp_multi is not None  # expert_candidates is non-empty (checked in the config)
+
+    # Norm-aware features: the map and the number of experts by the GP's log evidence on
+    # the training features (the validation split then calibrates lambda and T only).
+    _log(config, 'choosing the norm-aware feature map by the evidence')
+
+    def evidence_of(mapped: NDArray[Any], num_experts: int) -> float:
+        gp = LastLayerNTKGP(w, b, NTKGPConfig(num_experts=num_experts, gating=Gating.KMEANS,
+                                              ood_quantile=config.ood_quantile,
+                                              seed=config.seed),
+                            class_names=CLASS_NAMES, model_id=f'mnist-cnn-seed{config.seed}')
+        gp.fit(mapped, y_train_np)
+        return sum(gp.log_marginal_likelihood(e) for e in range(gp.num_experts))
+
+    feature_map, norm_experts, map_candidates = select_feature_map(
+        train_features, evidence_of, config.feature_alphas, config.feature_scales,
+        config.feature_expert_counts)
+    gp_norm = LastLayerNTKGP(w, b, NTKGPConfig(num_experts=norm_experts, gating=Gating.KMEANS,
+                                               ood_quantile=config.ood_quantile,
+                                               seed=config.seed),
+                             class_names=CLASS_NAMES, model_id=f'mnist-cnn-seed{config.seed}')
+    gp_norm.fit(feature_map(train_features), y_train_np)
+    gp_norm.calibrate_probabilities(feature_map(val_features), y_val, val_logits)
     ood_thresholds = {Method.NTK_GP_1: gp_single.calibrate_ood(val_features),
-                      Method.NTK_GP_M: gp_multi.calibrate_ood(val_features)}
+                      Method.NTK_GP_M: gp_multi.calibrate_ood(val_features),
+                      Method.NTK_GP_NORM: gp_norm.calibrate_ood(feature_map(val_features))}
     clock['fitted'] = time.perf_counter()
 
-    stages, posts = _build_methods(models, temperature, gp_single, gp_multi, config.seed)
+    stages, posts = _build_methods(models, temperature, gp_single, gp_multi, gp_norm,
+                                   feature_map, config.seed)
 
     # Evaluation: each stage once per dataset, then every method's post-processing.
     predictions: dict[Method, dict[str, Prediction]] = {m: {} for m in Method}
@@ -616,7 +666,8 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
     _log(config, 'timing inference in a worker process')
     timings = _time_in_worker(_TimingJob(
         state_dicts=[m.state_dict() for m in models], temperature=temperature,
-        gp_single=gp_single, gp_multi=gp_multi, x=sets[IN_DISTRIBUTION][:config.timing_batch],
+        gp_single=gp_single, gp_multi=gp_multi, gp_norm=gp_norm, feature_map=feature_map,
+        x=sets[IN_DISTRIBUTION][:config.timing_batch],
         config=config, threads=torch.get_num_threads()))
     clock['timed'] = time.perf_counter()
 
@@ -664,7 +715,8 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
                 for set_name in OOD_SETS}
         method_results[method.value] = entry
 
-    for method, gp in ((Method.NTK_GP_1, gp_single), (Method.NTK_GP_M, gp_multi)):
+    for method, gp in ((Method.NTK_GP_1, gp_single), (Method.NTK_GP_M, gp_multi),
+                       (Method.NTK_GP_NORM, gp_norm)):
         method_results[method.value]['hyperparameters'] = _gp_summary(gp)
         # The engine flags ``gp_variance > ood_threshold``; the variances are already here.
         method_results[method.value]['ood_flag_rate'] = {
@@ -673,6 +725,10 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
             for name in sets}
     method_results[Method.TEMPERATURE.value]['temperature'] = temperature
     method_results[Method.NTK_GP_M.value]['label'] = f'NTK-GP M={gp_multi.num_experts}'
+    method_results[Method.NTK_GP_NORM.value]['label'] = (
+        f'NTK-GP, norm-aware features (alpha={feature_map.alpha:g}, s={feature_map.scale:g}, '
+        f'M={gp_norm.num_experts})')
+    method_results[Method.NTK_GP_NORM.value]['feature_map'] = dataclasses.asdict(feature_map)
 
     clock['end'] = time.perf_counter()
     summary = {
@@ -689,6 +745,7 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
         'training_loss': losses,
         'validation_accuracy': metrics.accuracy(val_logits, y_val),
         'expert_selection': selection,
+        'feature_map_selection': [dataclasses.asdict(c) for c in map_candidates],
         'ntk_gp_variance_only_cost_ratio': (timings.cpu_median[_VARIANCE_ONLY]
                                             / timings.cpu_median['forward']),
         'diagnostics': _diagnostics(features, predictions),

@@ -9,6 +9,7 @@ The public API lives here; the modules split it by concern:
 - :mod:`.predictive`: probit probabilities, entropy decomposition, torch query;
 - :mod:`.model`: :class:`LastLayerNTKGP`, the weight-space form (the fast path);
 - :mod:`.function_space`: :class:`FunctionSpaceNTKGP`, the Jacobian (function-space) form;
+- :mod:`.feature_map`: norm-aware feature maps, chosen by the evidence;
 - :mod:`.persistence`: checksummed, atomic state files.
 """
 
@@ -20,6 +21,7 @@ from uq_perception.ntk.evidence import (
     fit_shared_noise,
     log_marginal_likelihood,
 )
+from uq_perception.ntk.feature_map import MapCandidate, NormFeatureMap, select_feature_map
 from uq_perception.ntk.function_space import FunctionSpaceNTKGP, ParameterSubset, centred_basis
 from uq_perception.ntk.gating import kmeans
 from uq_perception.ntk.linalg import spd_inverse
@@ -32,7 +34,8 @@ from uq_perception.ntk.predictive import (
 )
 
 __all__ = [
-    'FunctionSpaceNTKGP', 'Gating', 'LastLayerNTKGP', 'NTKGPConfig', 'ParameterSubset',
+    'FunctionSpaceNTKGP', 'Gating', 'LastLayerNTKGP', 'MapCandidate', 'NTKGPConfig',
+    'NormFeatureMap', 'ParameterSubset', 'select_feature_map',
     'SpectralEvidence', 'UncertaintyOutput', 'antithetic_normal_draws', 'arrays_digest',
     'centred_basis', 'fit_expert_hyperparameters', 'fit_marginal_likelihood',
     'fit_shared_noise', 'gp_variance_torch', 'kmeans', 'log_marginal_likelihood',
