@@ -40,8 +40,11 @@ QUOTED = [
      '.3f'),
     ('misclassification AUROC {}', EVAL,
      [('uncertainty', 'auroc_misclassification', 'predictive_entropy')], '.3f'),
-    ('OOD AUROC {} / {} / {} (M=8)', MNIST, _ood('ntk_gp_m'), '.2f'),
+    ('OOD AUROC {} / {} / {} against', MNIST, _ood('ntk_gp_norm'), '.3f'),
+    ('OOD AUROC {} / {} / {} (M=16)', MNIST, _ood('ntk_gp_m'), '.2f'),
     ("deep ensemble's {} / {} / {}", MNIST, _ood('ensemble'), '.3f'),
+    ('cost {}x a forward pass (target 1.1', MNIST, [('methods', 'ntk_gp_norm', 'cost_ratio')],
+     '.3f'),
 ]
 
 
@@ -53,8 +56,10 @@ def test_readme_figure_matches_committed_output(text, path, keys, fmt):
 
 def test_mnist_experts_and_ece_match():
     methods = json.loads((REPO / MNIST).read_text())['methods']
-    assert methods['ntk_gp_m']['hyperparameters']['num_experts'] == 8
-    # The README rounds both NTK-GP ECEs to "ECE 0.002".
-    for name in ('ntk_gp_1', 'ntk_gp_m'):
-        assert format(methods[name]['ece'], '.3f') == '0.002', name
-    assert 'NTK-GP ECE 0.002' in README
+    assert methods['ntk_gp_m']['hyperparameters']['num_experts'] == 16
+    assert methods['ntk_gp_norm']['hyperparameters']['num_experts'] == 64
+    assert methods['ntk_gp_norm']['feature_map']['alpha'] == 2.0
+    # The README rounds the NTK-GP ECEs to "ECE 0.003".
+    for name in ('ntk_gp_1', 'ntk_gp_m', 'ntk_gp_norm'):
+        assert format(methods[name]['ece'], '.3f') == '0.003', name
+    assert 'NTK-GP ECE 0.003' in README
