@@ -207,7 +207,7 @@ def test_quick_benchmark_produces_every_method_and_metric(data_dir: Path, tmp_pa
             assert 0.0 <= per_set['auroc'] <= 1.0 and 0.0 <= per_set['aupr'] <= 1.0
         # One epoch on a subset still learns: far above the 10 % of guessing.
         assert r['accuracy'] > 0.5, name
-    for method in (Method.NTK_GP_1, Method.NTK_GP_M):
+    for method in (Method.NTK_GP_1, Method.NTK_GP_M, Method.NTK_GP_NORM):
         r = methods[method.value]
         # The GP variance is the NTK-GP's OOD score, and it must rank a clearly foreign set
         # (notMNIST letters; uniform noise in the synthetic layout) above MNIST: a constant
@@ -228,7 +228,15 @@ def test_quick_benchmark_produces_every_method_and_metric(data_dir: Path, tmp_pa
     assert methods[Method.TEMPERATURE.value]['temperature'] > 0
     assert summary['data']['test_images'] == 500
     assert all(n == 500 for n in summary['data']['ood_images'].values())
-    assert set(summary['targets']) == {'best_baseline_ood_auroc', 'ntk_gp_1', 'ntk_gp_m'}
+    norm = methods[Method.NTK_GP_NORM.value]
+    # The feature map and its experts are the evidence's best among the candidates tried.
+    candidates = summary['feature_map_selection']
+    best = max(candidates, key=lambda c: c['log_evidence'])
+    assert len(candidates) == 3 * 1 * 2
+    assert (norm['feature_map']['alpha'], norm['hyperparameters']['num_experts']) == (
+        best['alpha'], best['num_experts'])
+    assert set(summary['targets']) == {'best_baseline_ood_auroc', 'ntk_gp_1', 'ntk_gp_m',
+                                       'ntk_gp_norm'}
 
     markdown = (out / 'results.md').read_text()
     for method in Method:
