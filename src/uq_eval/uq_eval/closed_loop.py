@@ -53,7 +53,11 @@ class ClosedLoop:
         self.log_dir = Path(log_dir)
         self.domain_id = domain_id
         self.config = config
-        self.extra_args = extra_args or {}
+        # The ask-for-help node of a harness keeps its labels with the run's logs and serves
+        # no page: it must neither write the user's label store nor take the page's port.
+        self.extra_args = {'ask_for_help_node': [
+            '-p', f'store_path:={self.log_dir / "labels.sqlite3"}', '-p', 'web_enabled:=false'],
+            **(extra_args or {})}
         self.nodes = list(NODES) + [n for n in OPTIONAL_NODES
                                     if with_optional and _module_exists(n[1])]
         self.processes: dict[str, subprocess.Popen] = {}
