@@ -61,6 +61,7 @@ from uq_autonomy.label_store import (
 from uq_common.image_codec import ImageFormatError, image_to_rgb, rgb_to_image_fields
 from uq_common.node_main import node_argument_parser, run_node
 from uq_common.parameters import ParameterSpec, declare_parameters, first_invalid
+from uq_common.qos import HELP_REQUEST_QOS
 from uq_msgs.msg import DetectionArray, HelpRequest
 from uq_msgs.srv import ProvideLabel, TeachObject
 
@@ -141,10 +142,6 @@ _SPECS = {spec.name: spec for spec in PARAMETERS}
 SENSOR_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=5,
                         reliability=ReliabilityPolicy.BEST_EFFORT,
                         durability=DurabilityPolicy.VOLATILE)
-# A late joiner (the labelling tool started after the robot) still gets the open requests.
-REQUEST_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=100,
-                         reliability=ReliabilityPolicy.RELIABLE,
-                         durability=DurabilityPolicy.TRANSIENT_LOCAL)
 
 
 def policy_config(values: dict[str, Any]) -> HelpPolicyConfig:
@@ -234,7 +231,7 @@ class AskForHelpNode(Node):
             self._params['track_timeout_s']))
         self._last_stamp = 0.0
 
-        self._request_pub = self.create_publisher(HelpRequest, 'help_request', REQUEST_QOS)
+        self._request_pub = self.create_publisher(HelpRequest, 'help_request', HELP_REQUEST_QOS)
         self._diag_pub = self.create_publisher(DiagnosticArray, '/diagnostics', 10)
         self.create_subscription(Image, 'image', self._on_image, SENSOR_QOS)
         self.create_subscription(DetectionArray, 'detections', self._on_detections,

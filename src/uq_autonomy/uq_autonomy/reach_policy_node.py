@@ -114,7 +114,7 @@ class ReachPolicyNode(Node):
 def main(args: list[str] | None = None) -> int:
     """Run the node (``--help`` lists the parameters without starting ROS)."""
     parser = node_argument_parser(
-        NODE_NAME, __doc__.split('\n\n')[0], PARAMETERS, 'config/reach_policy.yaml',
+        NODE_NAME, __doc__.split('\n\n')[0], PARAMETERS, 'config/shared_autonomy.yaml',
         'topics: sub detections, camera_info, camera_pose, robot_pose; pub autonomy/cmd_vel.')
     return run_node(ReachPolicyNode, parser, args)
 

@@ -22,6 +22,7 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 
 from uq_common.node_main import node_argument_parser, run_node
 from uq_common.parameters import ParameterSpec, declare_parameters, first_invalid
+from uq_common.qos import HELP_REQUEST_QOS
 from uq_msgs.msg import DetectionArray, HelpRequest
 from uq_msgs.srv import ProvideLabel
 from uq_sim.scripted_labeller import (
@@ -65,9 +66,6 @@ PARAMETERS = [
                   min_value=0.005, max_value=10.0, read_only=True),
 ]
 _SPECS = {spec.name: spec for spec in PARAMETERS}
-REQUEST_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=100,
-                         reliability=ReliabilityPolicy.RELIABLE,
-                         durability=DurabilityPolicy.TRANSIENT_LOCAL)
 TRUTH_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=50,
                        reliability=ReliabilityPolicy.RELIABLE,
                        durability=DurabilityPolicy.VOLATILE)
@@ -102,7 +100,7 @@ class ScriptedLabellerNode(Node):
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self._client = self.create_client(ProvideLabel, self._params['service'])
         self._unsent: list[LabelAnswer] = []
-        self.create_subscription(HelpRequest, 'help_request', self._on_request, REQUEST_QOS)
+        self.create_subscription(HelpRequest, 'help_request', self._on_request, HELP_REQUEST_QOS)
         self.create_subscription(DetectionArray, 'ground_truth', self._on_truth, TRUTH_QOS)
         self.create_timer(self._params['period_s'], self._on_timer)
         self.get_logger().info(f'answering help requests with the ground truth after '

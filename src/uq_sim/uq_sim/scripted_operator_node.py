@@ -104,7 +104,7 @@ class ScriptedOperatorNode(Node):
 def main(args: list[str] | None = None) -> int:
     """Run the node (``--help`` lists the parameters without starting ROS)."""
     parser = node_argument_parser(
-        NODE_NAME, __doc__.split('\n\n')[0], PARAMETERS, 'config/scripted_operator.yaml',
+        NODE_NAME, __doc__.split('\n\n')[0], PARAMETERS, 'config/shared_autonomy.yaml',
         'topics: sub task_state, robot_pose, autonomy_state; pub operator/cmd_vel.')
     return run_node(ScriptedOperatorNode, parser, args)
 

@@ -269,7 +269,7 @@ class SimRobotNode(Node):
 def main(args: list[str] | None = None) -> int:
     """Run the node (``--help`` lists the parameters without starting ROS)."""
     parser = node_argument_parser(
-        NODE_NAME, __doc__.split('\n\n')[0], PARAMETERS, 'config/sim_robot.yaml',
+        NODE_NAME, __doc__.split('\n\n')[0], PARAMETERS, 'config/shared_autonomy.yaml',
         'topics: sub cmd_vel, reset_task; pub image, camera_info, ground_truth, robot_pose, '
         'task_state, camera_pose. Remap with --ros-args -r from:=to.')
     return run_node(SimRobotNode, parser, args)
