@@ -234,6 +234,7 @@ def _node(config: Any, args: argparse.Namespace, params_file: str | None) -> dic
         ArbitrationNode,
     )
     from uq_common.rolling_stats import latency_summary
+    from uq_common.spin_thread import SpinThread
     from uq_msgs.msg import AutonomyState, DetectionArray
 
     context = rclpy.Context()
@@ -262,17 +263,7 @@ def _node(config: Any, args: argparse.Namespace, params_file: str | None) -> dic
         durability=DurabilityPolicy.TRANSIENT_LOCAL))
     executor.add_node(node)
     executor.add_node(driver)
-    # Spin with a flag rather than executor.spin(): Jazzy's Executor.shutdown() does not
-    # wait for a spinning thread, which then trips over the destroyed guard condition.
-    spinning = threading.Event()
-    spinning.set()
-
-    def spin() -> None:
-        while spinning.is_set():
-            executor.spin_once(timeout_sec=0.05)
-
-    spinner = threading.Thread(target=spin, daemon=True)
-    spinner.start()
+    spinner = SpinThread(executor, name='bench_driver')
 
     def wait_for(predicate: Any, timeout: float) -> bool:
         end = time.monotonic() + timeout
@@ -423,8 +414,7 @@ def _node(config: Any, args: argparse.Namespace, params_file: str | None) -> dic
                         'publishes oversized DetectionArrays (best-effort)',
             }
     finally:
-        spinning.clear()
-        spinner.join(timeout=5.0)
+        spinner.stop()
         executor.shutdown()
         node.destroy_node()
         driver.destroy_node()

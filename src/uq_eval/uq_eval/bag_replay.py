@@ -110,6 +110,7 @@ def play(bag: Path, rate: float = 1.0, start_offset: float = 0.0, clock: bool = 
     from rclpy.qos import QoSProfile, ReliabilityPolicy
     from rosgraph_msgs.msg import Clock
 
+    from uq_common.spin_thread import SpinThread
     from uq_eval.bag_reader import IMAGE_TYPES, BagStream
 
     if not rate > 0.0:
@@ -122,8 +123,7 @@ def play(bag: Path, rate: float = 1.0, start_offset: float = 0.0, clock: bool = 
     node = rclpy.create_node('bag_player')
     executor = SingleThreadedExecutor()
     executor.add_node(node)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
-    spinner.start()
+    spinner = SpinThread(executor, name='bag_player')
     qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
     publishers = {t: node.create_publisher(message_class(ty), t, qos)
                   for t, ty in stream.topics.items() if t in wanted}
@@ -165,6 +165,7 @@ def play(bag: Path, rate: float = 1.0, start_offset: float = 0.0, clock: bool = 
             played += 1
         time.sleep(linger_s)
     finally:
+        spinner.stop()
         if recorder is not None:
             recorder.close()
         executor.shutdown()

@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from uq_common.spin_thread import SpinThread
+
 WORKSPACE = Path(__file__).resolve().parents[3]
 CONFIG = WORKSPACE / 'config' / 'shared_autonomy.yaml'
 
@@ -201,8 +203,7 @@ class LoopObserver:
         n.create_timer(1.0 / sample_hz, self._sample)
         self._executor = SingleThreadedExecutor(context=self.context)
         self._executor.add_node(n)
-        self._thread = threading.Thread(target=self._executor.spin, daemon=True)
-        self._thread.start()
+        self._spinner = SpinThread(self._executor, name='loop_observer')
 
     # --- callbacks -------------------------------------------------------------------
     def _on_task(self, msg) -> None:
@@ -291,10 +292,10 @@ class LoopObserver:
 
     def close(self) -> None:
         """Stop spinning and shut the node's context down."""
+        self._spinner.stop()
         self._executor.shutdown(timeout_sec=2.0)
         self.node.destroy_node()
         self._rclpy.shutdown(context=self.context)
-        self._thread.join(timeout=5.0)
 
 
 def run_trial(observer: LoopObserver, seed: int, lookalike: bool | None,

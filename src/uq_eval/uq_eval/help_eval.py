@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from uq_common.spin_thread import SpinThread
 from uq_eval.help_metrics import (
     AnswerRecord,
     DetectionFrame,
@@ -127,8 +128,7 @@ class Recorder:
         self.node.create_subscription(HelpRequest, 'help_request', self._on_request, latched)
         self._executor = SingleThreadedExecutor(context=self.context)
         self._executor.add_node(self.node)
-        self._thread = threading.Thread(target=self._executor.spin, daemon=True)
-        self._thread.start()
+        self._spinner = SpinThread(self._executor, name='help_observer')
 
     def reset(self, scenario: str) -> None:
         with self._lock:
@@ -168,10 +168,10 @@ class Recorder:
         return (max(stamps) - min(stamps)) * 1e-9 if stamps else 0.0
 
     def close(self) -> None:
+        self._spinner.stop()
         self._executor.shutdown()
         self.node.destroy_node()
         self.context.try_shutdown()
-        self._thread.join(timeout=5)
 
 
 def _stored_answers(store_path: Path) -> list[AnswerRecord]:
