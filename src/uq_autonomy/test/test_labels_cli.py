@@ -281,3 +281,32 @@ def test_put_label_records_round_trip_through_export(tmp_path: Path) -> None:
         coco = COCO(str(tmp_path / 'o' / 'annotations' / 'instances_default.json'))
     (ann,) = coco.anns.values()
     assert ann['bbox'] == [0.0, 0.0, 9.0, 8.0]
+
+
+def test_export_places_crops_in_their_frame_only_when_the_store_knows_it(
+        tmp_path: Path) -> None:
+    """Frame fields (for ``uq eval bag --ground-truth``) are added where the request knew its
+    frame; an imported label has no stamp, so it cannot be placed in a recording (the store
+    takes its crop as its frame)."""
+    path = tmp_path / 'frames.sqlite3'
+    with LabelStore(path) as store:
+        store.add_request(PendingRequest(
+            'in-frame', crop_png=encode_png(pixels(2, 40, 50)), box=(5.0, 6.0, 30.0, 20.0),
+            crop_origin=(100.0, 60.0), image_size=(320, 240), stamp=1_700_000_001.25))
+        store.answer('in-frame', 'mug', 'alice')
+        store.put_label(LabelRecord('imported', 'cone', 'x', 1.0, crop_png=encode_png(
+            pixels(3, 8, 9)), box=(1.0, 1.0, 5.0, 5.0)))
+    code, _, _ = uq('labels', 'export', '--store', str(path), '--coco', str(tmp_path / 'o'))
+    assert code == 0
+    data = json.loads((tmp_path / 'o' / 'annotations' / 'instances_default.json').read_text())
+    assert data['info']['exhaustive'] is False
+    images = {img['request_id']: img for img in data['images']}
+    anns = {a['attributes']['request_id']: a for a in data['annotations']}
+    placed = images['in-frame']
+    assert placed['stamp_ns'] == 1_700_000_001_250_000_000
+    assert placed['crop_origin'] == [100.0, 60.0]
+    assert (placed['frame_width'], placed['frame_height']) == (320, 240)
+    assert anns['in-frame']['bbox'] == [5.0, 6.0, 30.0, 20.0]
+    assert anns['in-frame']['bbox_image'] == [105.0, 66.0, 30.0, 20.0]
+    assert 'stamp_ns' not in images['imported']
+    assert anns['imported']['bbox_image'] == anns['imported']['bbox'] == [1.0, 1.0, 5.0, 5.0]

@@ -12,6 +12,22 @@ The annotation's ``attributes`` keep the provenance (``request_id``, ``labeler``
 ``model_id``, ``track_id``, ``revision``, ``source``); CVAT shows them as attributes and
 other tools ignore them. Labels without a crop have no image and are left out (counted).
 
+So that the export serves as ground truth for ``uq eval bag`` (docs/bag_evaluation.md), it
+also places each crop in its camera frame, where the store knows it:
+
+- image ``stamp_ns``: the camera frame's header stamp, integer nanoseconds (the store keeps
+  float seconds, so this is exact to a few hundred nanoseconds); absent when the store has
+  no stamp (labels imported from elsewhere), so such labels match no recording;
+- image ``crop_origin`` ``[x, y]``: the crop's top-left corner in the frame, and
+  ``frame_width``, ``frame_height``: the frame's size (for an imported label the store takes
+  the crop as its frame);
+- annotation ``bbox_image``: the box in frame pixels, COCO ``[x, y, width, height]``, i.e.
+  ``bbox`` shifted by ``crop_origin`` (the stored box is the detection's box clipped to the
+  crop, which lies inside the frame, so this is the detection's box clipped to the frame).
+
+``info.exhaustive`` is false: a help label names one object the robot asked about, not
+every object in the frame, so the labels are partial (no AP can be computed from them).
+
 Import reads either such a COCO file (re-imported after corrections in another tool: the
 request id comes back from ``attributes.request_id``, else it is derived from the image bytes
 and box so a second import of the same file is idempotent) or a JSON-lines file of answers
@@ -23,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -90,11 +107,20 @@ def coco_dataset(records: list[LabelRecord]) -> tuple[dict[str, Any], list[Label
         except ValueError:
             skipped.append(r.request_id)
             continue
-        images.append({'id': r.id, 'file_name': f'{r.request_id}.png', 'width': width,
-                       'height': height, 'date_captured': format_time(r.time),
-                       'request_id': r.request_id})
+        image: dict[str, Any] = {
+            'id': r.id, 'file_name': f'{r.request_id}.png', 'width': width,
+            'height': height, 'date_captured': format_time(r.time),
+            'request_id': r.request_id}
+        # The store's defaults (no image size, stamp 0) mean the frame is unknown; a stamp
+        # without the crop's place in its frame would put crop pixels into frame pixels.
+        if r.image_size is not None:
+            image['crop_origin'] = [float(r.crop_origin[0]), float(r.crop_origin[1])]
+            image['frame_width'], image['frame_height'] = (int(v) for v in r.image_size)
+            if r.stamp > 0.0:
+                image['stamp_ns'] = _stamp_ns(r.stamp)
+        images.append(image)
         x, y, w, h = r.box if r.box is not None else (0.0, 0.0, float(width), float(height))
-        annotations.append({
+        annotation: dict[str, Any] = {
             'id': r.id, 'image_id': r.id, 'category_id': category_id[r.label],
             'bbox': [round(x, 2), round(y, 2), round(w, 2), round(h, 2)],
             'area': round(w * h, 2), 'iscrowd': 0, 'segmentation': [],
@@ -102,10 +128,16 @@ def coco_dataset(records: list[LabelRecord]) -> tuple[dict[str, Any], list[Label
                            'time': format_time(r.time), 'model_id': r.model_id,
                            'track_id': r.track_id, 'revision': r.revision,
                            'source': r.source},
-        })
+        }
+        if r.box is not None and r.image_size is not None:
+            ox, oy = r.crop_origin
+            annotation['bbox_image'] = [round(x + ox, 2), round(y + oy, 2),
+                                        round(w, 2), round(h, 2)]
+        annotations.append(annotation)
     dataset = {
         'info': {'description': 'uq_autonomy help-request labels',
-                 'date_created': format_time(datetime.now().timestamp()), 'version': '1.0'},
+                 'date_created': format_time(datetime.now().timestamp()), 'version': '1.0',
+                 'exhaustive': False},
         'licenses': [],
         'categories': [{'id': category_id[n], 'name': n, 'supercategory': 'object'}
                        for n in names],
@@ -114,6 +146,13 @@ def coco_dataset(records: list[LabelRecord]) -> tuple[dict[str, Any], list[Label
     }
     kept = {img['request_id'] for img in images}
     return dataset, [r for r in exported if r.request_id in kept], skipped
+
+
+def _stamp_ns(stamp: float) -> int:
+    """Float seconds as integer nanoseconds. Seconds and fraction apart: the product
+    ``stamp * 1e9`` would be a float past 2**53, rounded to 256 ns."""
+    seconds = math.floor(stamp)
+    return seconds * 10**9 + int(round((stamp - seconds) * 1e9))
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -137,7 +137,8 @@ def test_sim_record_writes_image_camera_info_and_ground_truth(tmp_path, storage)
         assert {c.topic: (c.msgtype, c.msgcount) for c in reader.connections} == {
             'image': ('sensor_msgs/msg/Image', 3),
             'camera_info': ('sensor_msgs/msg/CameraInfo', 3),
-            'ground_truth': ('uq_msgs/msg/DetectionArray', 3)}
+            'ground_truth': ('uq_msgs/msg/DetectionArray', 3),
+            'robot_pose': ('geometry_msgs/msg/PoseStamped', 3)}
         stamps: dict[str, list[int]] = {}
         for connection, _, raw in reader.messages():
             msg = reader.deserialize(raw, connection.msgtype)
@@ -149,8 +150,9 @@ def test_sim_record_writes_image_camera_info_and_ground_truth(tmp_path, storage)
                 # At 9 s of tabletop_demo the unknown torus is on the table.
                 classes = {d.class_id: d.class_index for d in msg.detections}
                 assert classes['torus'] == -1 and classes['mug'] >= 0
-    # One stamp per frame, shared by the three topics, 0.5 s apart.
-    assert stamps['image'] == stamps['camera_info'] == stamps['ground_truth']
+    # One stamp per frame, shared by the four topics, 0.5 s apart.
+    assert stamps['image'] == stamps['camera_info'] == stamps['ground_truth'] \
+        == stamps['robot_pose']
     assert np.diff(stamps['image']).tolist() == [500_000_000, 500_000_000]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import subprocess
 import sys
 import time
@@ -19,9 +19,13 @@ from pathlib import Path
 def configure(parser: argparse.ArgumentParser) -> None:
     """Evaluate a bag: perception, autonomy levels and help requests, with metrics and plots."""
     parser.add_argument('bag', type=Path, help='rosbag2 bag directory (MCAP or sqlite3)')
-    parser.add_argument('--ground-truth', default=None, metavar='TOPIC',
-                        help='ground-truth uq_msgs/DetectionArray topic (default: '
-                             'ground_truth when the bag has it)')
+    parser.add_argument('--ground-truth', default=None, metavar='FILE|TOPIC',
+                        help='ground truth: a COCO annotations file with frame stamps '
+                             '(taken as a file when it exists or ends in .json: '
+                             '<bag>/ground_truth.json of `uq sim record`, or the '
+                             'annotations of `uq labels export`, partial labels, no AP), '
+                             'else a uq_msgs/DetectionArray topic of the bag (default: the '
+                             'ground_truth topic when the bag has it)')
     parser.add_argument('--image-topic', default=None,
                         help='Image or CompressedImage topic (default: the only one)')
     parser.add_argument('--arbitration-params', type=Path, default=None, metavar='YAML',
@@ -40,13 +44,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _peak_rss_mib(bag: Path, repeat: int) -> float:
     """Peak RSS of a child process evaluating the bag ``repeat`` times, MiB."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    subprocess.run([sys.executable, '-m', 'uq_common.cli', 'eval', 'bag', str(bag),
-                    '--repeat', str(repeat), '--no-report', '--no-progress'],
-                   check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    # ru_maxrss of children is the largest child so far: run 1x before 10x.
-    return max(peak, before) / 1024.0
+    child = subprocess.Popen([sys.executable, '-m', 'uq_common.cli', 'eval', 'bag', str(bag),
+                              '--repeat', str(repeat), '--no-report', '--no-progress'],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # wait4 gives this child's own peak; RUSAGE_CHILDREN would be the largest child the
+    # process ever had (an earlier, bigger one would hide this one).
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    return usage.ru_maxrss / 1024.0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,11 +61,27 @@ def run(args: argparse.Namespace) -> int:
         load_shipped_perception,
         run_evaluation,
         time_forward_passes,
+        warm_up_on_first_frame,
+    )
+    from uq_eval.bag_ground_truth import (
+        GroundTruthError,
+        is_ground_truth_file,
+        load_coco_ground_truth,
     )
     from uq_eval.bag_reader import BagError, BagStream
 
+    ground_truth = None
+    truth_topic = args.ground_truth
+    if args.ground_truth is not None and is_ground_truth_file(args.ground_truth):
+        truth_topic = None
+        try:
+            ground_truth = load_coco_ground_truth(args.ground_truth)
+        except GroundTruthError as err:
+            print(f'error: {err}', file=sys.stderr)
+            return 2
     try:
-        stream = BagStream(args.bag, args.image_topic, args.ground_truth)
+        stream = BagStream(args.bag, args.image_topic, truth_topic,
+                           topic_ground_truth=ground_truth is None)
     except BagError as err:
         print(f'error: {err}', file=sys.stderr)
         return 2
@@ -80,7 +101,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_report:
         out_dir.mkdir(parents=True, exist_ok=True)
     evaluator = BagEvaluator(perception, None if args.no_report else out_dir / 'crops',
-                             str(args.bag), arbitration_values)
+                             str(args.bag), arbitration_values, ground_truth)
+    if args.bench:
+        # The first inference pays one-off costs (allocator, kernel selection); the replay
+        # runs first, so without this it alone would carry them.
+        warm_up_on_first_frame(stream, perception)
     started = time.perf_counter()
     data = run_evaluation(stream, evaluator, progress=not args.no_progress,
                           repeat=max(1, args.repeat))

@@ -39,7 +39,8 @@ class BagEvent:
 
     ``kind`` is ``image`` (``rgb`` set), ``ground_truth``, ``detections``,
     ``autonomy_state`` or ``help_request`` (``message`` set: the deserialised message).
-    ``stamp`` is the header stamp in seconds, ``log_time`` the bag's receive time.
+    ``stamp`` is the header stamp in seconds (``stamp_ns`` exactly, in nanoseconds),
+    ``log_time`` the bag's receive time.
     """
 
     kind: str
@@ -48,6 +49,7 @@ class BagEvent:
     log_time: float
     rgb: np.ndarray | None = None
     message: Any = None
+    stamp_ns: int = 0
 
 
 @dataclass
@@ -62,12 +64,16 @@ class BagStream:
         Topic of the camera images; default: the only Image or CompressedImage topic (or
         ``image``/``/image`` when several).
     ground_truth_topic
-        Ground-truth DetectionArray topic; ``None``: ``ground_truth`` if the bag has it.
+        Ground-truth DetectionArray topic; ``None``: ``ground_truth`` if the bag has it
+        and ``topic_ground_truth`` is true.
+    topic_ground_truth
+        False when the ground truth comes from elsewhere (a COCO file): no topic is read.
     """
 
     path: Path
     image_topic: str | None = None
     ground_truth_topic: str | None = None
+    topic_ground_truth: bool = True
     problems: list[str] = field(default_factory=list)
     topics: dict[str, str] = field(default_factory=dict)
     message_count: int = 0
@@ -158,7 +164,8 @@ class BagStream:
             raise self._error(
                 f'topic {self.image_topic!r} has type {self.topics[self.image_topic]}, not '
                 'sensor_msgs/msg/Image or CompressedImage')
-        if self.ground_truth_topic is None and 'ground_truth' in self.topics:
+        if (self.ground_truth_topic is None and self.topic_ground_truth
+                and 'ground_truth' in self.topics):
             self.ground_truth_topic = 'ground_truth'
         if self.ground_truth_topic is not None:
             if self.ground_truth_topic not in self.topics:
@@ -208,11 +215,14 @@ class BagStream:
                     continue
                 try:
                     stamp = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
+                    stamp_ns = int(msg.header.stamp.sec) * 10**9 + int(msg.header.stamp.nanosec)
                     if kind == 'image':
                         rgb = decode_image(msg, msgtype)
-                        yield BagEvent(kind, topic, stamp, log_ns * 1e-9, rgb=rgb)
+                        yield BagEvent(kind, topic, stamp, log_ns * 1e-9, rgb=rgb,
+                                       stamp_ns=stamp_ns)
                     else:
-                        yield BagEvent(kind, topic, stamp, log_ns * 1e-9, message=msg)
+                        yield BagEvent(kind, topic, stamp, log_ns * 1e-9, message=msg,
+                                       stamp_ns=stamp_ns)
                 except (ImageFormatError, ValueError, KeyError, AssertionError,
                         IndexError, struct.error) as exc:
                     key = f'{topic}: {exc}'

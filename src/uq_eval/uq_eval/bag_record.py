@@ -1,15 +1,22 @@
 """``uq sim record``: a simulated run written as a real rosbag2 bag (MCAP or sqlite3).
 
 The scenario is rendered at ``--rate`` Hz for ``--duration`` seconds of scenario time, and
-each frame is written on three topics with one stamp (the one the sim camera node would
-publish at that scenario time):
+each frame is written with one stamp (the one the sim camera node would publish at that
+scenario time) on these topics:
 
 - ``image`` (sensor_msgs/Image, rgb8);
 - ``camera_info`` (sensor_msgs/CameraInfo);
 - ``ground_truth`` (uq_msgs/DetectionArray): one detection per visible object, its class
   name in ``class_id`` and ``class_index`` -1 for unknown classes, exactly the message
   of :func:`uq_sim.sim_camera_node.ground_truth_message` (docs/bag_evaluation.md says why
-  ground truth is a topic and not a side file).
+  ground truth is a topic);
+- ``robot_pose`` (geometry_msgs/PoseStamped, frame ``world``), in scenarios with a gripper:
+  its tool point, as the sim robot node publishes it, with the scenario's gripper yaw.
+
+The same ground truth is also written as COCO, ``<bag>/ground_truth.json`` (one image per
+frame keyed by ``stamp_ns``, every visible object annotated, ``info.exhaustive`` true), for
+tools that read COCO and for ``uq eval bag --ground-truth FILE``; rosbag2 readers ignore
+files in the bag directory that ``metadata.yaml`` does not list.
 
 Messages are built as rclpy messages and serialised by rclpy, so the bytes are those a
 running node puts on the wire; `rosbags` writes them with the ``uq_msgs`` definitions
@@ -19,8 +26,11 @@ embedded (:mod:`uq_eval.bag_types`).
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import sys
 from pathlib import Path
+from typing import Any
 
 from uq_sim.scenario import SCENARIO_NAMES
 
@@ -28,12 +38,15 @@ STORAGES = ('mcap', 'sqlite3')
 IMAGE_TOPIC = 'image'
 CAMERA_INFO_TOPIC = 'camera_info'
 GROUND_TRUTH_TOPIC = 'ground_truth'
+ROBOT_POSE_TOPIC = 'robot_pose'
+GROUND_TRUTH_FILE = 'ground_truth.json'
 # Stamps start here rather than at 0 so that bags look like wall-clock recordings.
 _EPOCH_NS = 1_700_000_000 * 10**9
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Record a simulated scenario (image, camera_info, ground_truth) into a rosbag2 bag."""
+    """Record a simulated scenario into a rosbag2 bag (image, camera_info, ground_truth,
+    robot_pose) with its ground truth also as COCO, BAG/ground_truth.json."""
     parser.add_argument('--scenario', default='tabletop_demo', choices=SCENARIO_NAMES,
                         help='scripted scenario to render')
     parser.add_argument('--out', required=True, type=Path,
@@ -64,6 +77,7 @@ def record_scenario(out: Path, scenario_name: str, storage: str = 'mcap',
         existing ``out``.
     """
     from builtin_interfaces.msg import Time
+    from geometry_msgs.msg import PoseStamped
     from rclpy.serialization import serialize_message
     from rosbags.rosbag2 import StoragePlugin, Writer
     from sensor_msgs.msg import Image
@@ -100,22 +114,75 @@ def record_scenario(out: Path, scenario_name: str, storage: str = 'mcap',
             GROUND_TRUTH_TOPIC: writer.add_connection(
                 GROUND_TRUTH_TOPIC, 'uq_msgs/msg/DetectionArray', typestore=typestore),
         }
+        has_robot = scenario.state_at(start_time).gripper_pos is not None
+        if has_robot:
+            connections[ROBOT_POSE_TOPIC] = writer.add_connection(
+                ROBOT_POSE_TOPIC, 'geometry_msgs/msg/PoseStamped', typestore=typestore)
+        coco = _CocoGroundTruth(scenario.name, width, height)
         for i in tqdm(range(frames), desc=f'recording {scenario.name}', unit='frame',
                       disable=not progress):
             elapsed = start_time + i / rate_hz
-            scenario.apply(renderer, elapsed, loop=True)
+            state = scenario.apply(renderer, elapsed, loop=True)
             frame = renderer.render(visibility=False)
             stamp_ns = _EPOCH_NS + int(round(i * 1e9 / rate_hz))
             header = Header(stamp=Time(sec=stamp_ns // 10**9, nanosec=stamp_ns % 10**9),
                             frame_id='camera_optical_frame')
+            truth = ground_truth_message(header, frame, scenario.name, 0.0)
             messages = {
                 IMAGE_TOPIC: Image(header=header, **rgb_to_image_fields(frame.rgb)),
                 CAMERA_INFO_TOPIC: camera_info_message(header, frame.intrinsics),
-                GROUND_TRUTH_TOPIC: ground_truth_message(header, frame, scenario.name, 0.0),
+                GROUND_TRUTH_TOPIC: truth,
             }
+            if has_robot and state.gripper_pos is not None:
+                pose = PoseStamped(header=Header(stamp=header.stamp, frame_id='world'))
+                (pose.pose.position.x, pose.pose.position.y,
+                 pose.pose.position.z) = (float(v) for v in state.gripper_pos)
+                # A turn about the vertical axis by the gripper's yaw.
+                pose.pose.orientation.z = math.sin(state.gripper_yaw / 2.0)
+                pose.pose.orientation.w = math.cos(state.gripper_yaw / 2.0)
+                messages[ROBOT_POSE_TOPIC] = pose
             for topic, message in messages.items():
                 writer.write(connections[topic], stamp_ns, serialize_message(message))
+            coco.add(stamp_ns, truth)
+    (out / GROUND_TRUTH_FILE).write_text(json.dumps(coco.dataset(), indent=1))
     return frames
+
+
+class _CocoGroundTruth:
+    """The ``ground_truth`` messages of a recording as one COCO dataset keyed by stamp."""
+
+    def __init__(self, scenario_name: str, width: int, height: int) -> None:
+        self.scenario_name = scenario_name
+        self.width, self.height = width, height
+        self.images: list[dict] = []
+        self.annotations: list[dict] = []
+        self.categories: dict[str, dict] = {}
+
+    def add(self, stamp_ns: int, truth: Any) -> None:
+        image_id = len(self.images) + 1
+        # The frame itself is in the bag (topic IMAGE_TOPIC at this stamp), not on disk.
+        self.images.append({'id': image_id, 'file_name': f'{IMAGE_TOPIC}/{stamp_ns}',
+                            'width': self.width, 'height': self.height,
+                            'stamp_ns': stamp_ns})
+        for d in truth.detections:
+            known = d.class_index >= 0
+            category = self.categories.setdefault(d.class_id, {
+                'id': len(self.categories) + 1, 'name': d.class_id,
+                'supercategory': 'known' if known else 'unknown'})
+            x, y = d.center_x - d.width / 2.0, d.center_y - d.height / 2.0
+            self.annotations.append({
+                'id': len(self.annotations) + 1, 'image_id': image_id,
+                'category_id': category['id'], 'bbox': [x, y, d.width, d.height],
+                'area': d.width * d.height, 'iscrowd': 0, 'segmentation': [],
+                'attributes': {'known': known, 'object_id': int(d.track_id)}})
+
+    def dataset(self) -> dict:
+        return {
+            'info': {'description': f'uq sim record ground truth, scenario '
+                                    f'{self.scenario_name}',
+                     'exhaustive': True, 'image_topic': IMAGE_TOPIC},
+            'licenses': [], 'images': self.images, 'annotations': self.annotations,
+            'categories': sorted(self.categories.values(), key=lambda c: c['id'])}
 
 
 def run(args: argparse.Namespace) -> int:

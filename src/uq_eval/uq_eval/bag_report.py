@@ -12,6 +12,10 @@ Metrics with ground truth (detections matched to ground-truth boxes at IoU >= 0.
   those on known ones;
 - ``aurc``: area under the risk-coverage curve (error rate among the most confident
   fraction of known-object detections, averaged over coverages; lower is better).
+
+With partial labels (``ground_truth_exhaustive`` false: the ask-for-help export) every
+figure but AP is computed over the labelled detections; AP needs every object of a frame
+labelled and is left out.
 """
 
 from __future__ import annotations
@@ -82,16 +86,21 @@ def compute_metrics(data: Any) -> dict:
         levels = [n['level'] for n in data.node_levels]
         metrics['node_autonomy_states'] = {name: levels.count(i)
                                            for i, name in enumerate(LEVEL_NAMES)}
+    if data.ground_truth_source:
+        metrics['ground_truth_source'] = data.ground_truth_source
+        metrics['ground_truth_unmatched_stamps'] = data.ground_truth_unmatched
     if data.ground_truth_frames == 0:
         return metrics
-    aps = {}
-    for name, count in sorted(data.ground_truth_counts.items()):
-        rows = data.ap_inputs.get(name, [])
-        scores = np.array([r[0] for r in rows], dtype=np.float64)
-        tp = np.array([r[1] for r in rows], dtype=bool)
-        aps[name] = average_precision(scores, tp, count)
-    metrics['ap50_per_class'] = aps
-    metrics['map50'] = float(np.mean(list(aps.values()))) if aps else None
+    metrics['ground_truth_exhaustive'] = data.ground_truth_exhaustive
+    if data.ground_truth_exhaustive:
+        aps = {}
+        for name, count in sorted(data.ground_truth_counts.items()):
+            rows = data.ap_inputs.get(name, [])
+            scores = np.array([r[0] for r in rows], dtype=np.float64)
+            tp = np.array([r[1] for r in rows], dtype=bool)
+            aps[name] = average_precision(scores, tp, count)
+        metrics['ap50_per_class'] = aps
+        metrics['map50'] = float(np.mean(list(aps.values()))) if aps else None
     known = [m for m in data.matched if m['known']]
     if known:
         probs = np.array([m['probabilities'] for m in known])
@@ -253,13 +262,26 @@ def write_report(bag: Path, data: Any, metrics: dict, plots: dict[str, str], out
     lines += ['', '## Time per level', '', '| level | seconds |', '|---|---|']
     lines += [f'| {k} | {v:.1f} |' for k, v in metrics['time_per_level_s'].items()]
     lines += ['', '## Accuracy and uncertainty quality', '']
+    source = metrics.get('ground_truth_source')
+    if source:
+        lines.append(f"Ground truth: `{source}` ({metrics['ground_truth_unmatched_stamps']} "
+                     'labelled stamp(s) not in the bag).')
+        lines.append('')
     if metrics['ground_truth_frames'] == 0:
-        lines.append('No ground truth in this bag: accuracy, calibration and OOD metrics '
+        lines.append('No ground truth for this bag: accuracy, calibration and OOD metrics '
                      'need labels (a `ground_truth` DetectionArray topic, as `uq sim record` '
-                     'writes, or --ground-truth TOPIC).')
+                     'writes, --ground-truth TOPIC, or --ground-truth FILE.json with COCO '
+                     'labels stamped by frame).')
     else:
-        lines += [f"- frames with ground truth: {metrics['ground_truth_frames']}",
-                  f"- mAP@0.5 (known classes): {_fmt(metrics.get('map50'))}",
+        partial = not metrics['ground_truth_exhaustive']
+        ap_line = ('- AP: not computed. These labels are partial (only the objects the robot '
+                   'asked about), and AP needs exhaustive labels (every object of a frame); '
+                   'the figures below cover the labelled detections only'
+                   if partial else
+                   f"- mAP@0.5 (known classes): {_fmt(metrics.get('map50'))}")
+        lines += [f"- frames with ground truth: {metrics['ground_truth_frames']}"
+                  + (' (partial labels)' if partial else ''),
+                  ap_line,
                   f"- ECE: {_fmt(metrics.get('ece'))}",
                   f"- misclassification AUROC (entropy): "
                   f"{_fmt(metrics.get('misclassification_auroc'))}",
