@@ -7,7 +7,7 @@ ENV := source scripts/env.sh &&
 # they skip, saying why.
 LAUNCH_KIT := $(if $(UQ_LAUNCH_KIT),source $(UQ_LAUNCH_KIT)/bin/activate && source install/setup.bash &&,)
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test clean laplace
 
 setup:
 	@bash scripts/setup.sh
@@ -17,6 +17,12 @@ demo: setup
 
 test: setup
 	@$(ENV) $(LAUNCH_KIT) python -m pytest
+
+# Optional: laplace-torch for the peer-baseline rows of `uq bench mnist` (docs/benchmarks.md).
+# --no-deps with every dependency pinned in the file: see the comment in requirements/laplace.txt.
+laplace: setup
+	@$(ENV) python -m pip install -q --no-deps -c requirements/constraints.txt -r requirements/laplace.txt \
+		&& python -c 'import laplace; from importlib.metadata import version; print("laplace-torch", version("laplace-torch"), "installed")'
 
 clean:
 	rm -rf build install log .venv out

@@ -14,6 +14,7 @@ import torch
 
 from uq_common import cli
 from uq_eval.mnist_benchmark_pipeline import (
+    LAPLACE_VARIANTS,
     METHOD_LABELS,
     BenchmarkConfig,
     Method,
@@ -28,6 +29,7 @@ from uq_eval.mnist_data import (
     read_npz_images,
     write_idx,
 )
+from uq_eval.mnist_laplace import laplace_version
 
 SHARED_DATA = Path(__file__).resolve().parents[3] / '..' / 'shared' / 'data'
 
@@ -183,15 +185,37 @@ def test_config_validation() -> None:
 
 
 @pytest.mark.slow
-def test_quick_benchmark_produces_every_method_and_metric(data_dir: Path, tmp_path: Path,
-                                                          one_thread: None) -> None:
+def test_quick_benchmark_produces_every_method_and_metric(
+        data_dir: Path, tmp_path: Path, one_thread: None,
+        capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / 'out'
+    # An extra unknown set given as floats in [0, 1]: uniform noise, which every method
+    # should find foreign.
+    noise = np.random.default_rng(7).random((300, 28, 28)).astype(np.float32)
+    np.savez(tmp_path / 'noise.npz', images=noise, labels=np.zeros(300))
     code = cli.main(['bench', 'mnist', '--quick', '--data-dir', str(data_dir), '--out',
-                     str(out), '--no-progress', '--threads', '1'])
+                     str(out), '--no-progress', '--threads', '1',
+                     '--ood', f"Noise={tmp_path / 'noise.npz'}"])
     assert code == 0
     summary = json.loads((out / 'results.json').read_text())
     methods = summary['methods']
-    assert set(methods) == {m.value for m in Method}
+    # The laplace-torch rows are there exactly when the optional library is installed.
+    version = laplace_version()
+    expected = {m for m in Method if version is not None or m not in LAPLACE_VARIANTS}
+    assert set(methods) == {m.value for m in expected}
+    assert summary['laplace']['version'] == version
+    if version is None:
+        assert 'make laplace' in summary['laplace']['skipped']
+        assert 'laplace-torch rows skipped' in capsys.readouterr().err
+    else:
+        lap = methods[Method.LAPLACE_LAST_LAYER.value]['laplace']
+        assert (lap['version'], lap['subset_of_weights'], lap['predictive'],
+                lap['link_approx']) == (version, 'last_layer', 'glm', 'probit')
+        assert lap['prior_precision'] > 0
+    ood_names = [*OOD_SETS, 'Noise']
+    assert list(summary['data']['ood_images']) == ood_names
+    assert summary['data']['ood_images']['Noise'] == 300
+    assert summary['data']['extra_ood_files'] == {'Noise': str(tmp_path / 'noise.npz')}
     unit = ('accuracy', 'brier', 'ece', 'misclassification_auroc')
     for name, r in methods.items():
         for key in unit:
@@ -202,11 +226,14 @@ def test_quick_benchmark_produces_every_method_and_metric(data_dir: Path, tmp_pa
         assert math.isfinite(r['cost_ratio']) and r['cost_ratio'] > 0.0
         for key in ('cost_ratio_wall_median', 'cost_ratio_wall_best', 'cpu_ms_per_image'):
             assert math.isfinite(r[key]) and r[key] > 0.0, (name, key)
-        assert set(r['ood']) == set(OOD_SETS)
+        assert list(r['ood']) == ood_names
+        assert list(r['score_auroc'][r['ood_score']]) == ood_names
         for per_set in r['ood'].values():
             assert 0.0 <= per_set['auroc'] <= 1.0 and 0.0 <= per_set['aupr'] <= 1.0
         # One epoch on a subset still learns: far above the 10 % of guessing.
         assert r['accuracy'] > 0.5, name
+        # Uniform noise looks nothing like a digit (the quick run gave 0.93 and more).
+        assert r['ood']['Noise']['auroc'] > 0.8, name
     for method in (Method.NTK_GP_1, Method.NTK_GP_M, Method.NTK_GP_NORM):
         r = methods[method.value]
         # The GP variance is the NTK-GP's OOD score, and it must rank a clearly foreign set
@@ -227,7 +254,7 @@ def test_quick_benchmark_produces_every_method_and_metric(data_dir: Path, tmp_pa
     assert methods[Method.NTK_GP_M.value]['hyperparameters']['num_experts'] in (2, 4)
     assert methods[Method.TEMPERATURE.value]['temperature'] > 0
     assert summary['data']['test_images'] == 500
-    assert all(n == 500 for n in summary['data']['ood_images'].values())
+    assert all(summary['data']['ood_images'][n] == 500 for n in OOD_SETS)
     norm = methods[Method.NTK_GP_NORM.value]
     # The feature map and its experts are the evidence's best among the candidates tried.
     candidates = summary['feature_map_selection']
@@ -237,9 +264,11 @@ def test_quick_benchmark_produces_every_method_and_metric(data_dir: Path, tmp_pa
         best['alpha'], best['num_experts'])
     assert set(summary['targets']) == {'best_baseline_ood_auroc', 'ntk_gp_1', 'ntk_gp_m',
                                        'ntk_gp_norm'}
+    assert list(summary['targets']['best_baseline_ood_auroc']) == ood_names
 
     markdown = (out / 'results.md').read_text()
-    for method in Method:
+    assert '| AUROC Noise |' in markdown and '| AUPR Noise |' in markdown
+    for method in expected:
         label = methods[method.value]['label']
         assert f'| {label} |' in markdown
     assert METHOD_LABELS[Method.ENSEMBLE] in markdown

@@ -1,9 +1,10 @@
 """``uq bench mnist``: uncertainty benchmark on MNIST against FashionMNIST, KMNIST, notMNIST.
 
 Trains a small CNN (and four more for a deep ensemble) from scratch with fixed seeds and
-compares max softmax, temperature scaling, MC dropout (T=10, 30), the deep ensemble and the
-last-layer NTK-GP (M=1 and M>1 experts) on accuracy, NLL, Brier, ECE, OOD AUROC/AUPR,
-misclassification AUROC and inference cost. Writes ``results.json``, ``results.md``,
+compares max softmax, temperature scaling, MC dropout (T=10, 30), the deep ensemble, the
+last-layer NTK-GP (M=1 and M>1 experts) and, where laplace-torch is installed, its last-layer
+Laplace on accuracy, NLL, Brier, ECE, OOD AUROC/AUPR, misclassification AUROC and inference
+cost. Writes ``results.json``, ``results.md``,
 ``reliability.png`` and ``histograms.png`` to ``--out``. See
 :mod:`uq_eval.mnist_benchmark_pipeline` for the protocol.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +34,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              'evaluation set; every method and metric)')
     parser.add_argument('--epochs', type=int, default=None,
                         help='training epochs per network (default 3, --quick 1)')
+    parser.add_argument('--ood', action='append', default=[], metavar='NAME=PATH',
+                        help='add an unknown set NAME read from PATH to every table and plot '
+                             '(repeatable): 28x28 grayscale images as an unsigned-byte IDX '
+                             'file (gzipped or not) or an .npz archive (one array, or the one '
+                             "named 'images'), uint8 0..255 or float in [0, 1]")
     parser.add_argument('--seed', type=int, default=0, help='base random seed')
     parser.add_argument('--threads', type=int, default=2, help='torch intra-op threads')
     parser.add_argument('--no-progress', action='store_true',
@@ -48,9 +55,16 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from uq_eval.mnist_benchmark_pipeline import BenchmarkConfig, run_benchmark
+    from uq_eval.mnist_benchmark_pipeline import IN_DISTRIBUTION, BenchmarkConfig, run_benchmark
     from uq_eval.mnist_benchmark_report import results_markdown, write_report
-    from uq_eval.mnist_data import default_data_dir, load_benchmark_data
+    from uq_eval.mnist_data import (
+        OOD_SETS,
+        default_data_dir,
+        load_benchmark_data,
+        parse_ood_argument,
+        read_ood_images,
+    )
+    from uq_eval.mnist_laplace import LAPLACE_INSTALL_HINT, laplace_version
 
     torch.set_num_threads(args.threads)
     progress = not args.no_progress
@@ -60,10 +74,18 @@ def run(args: argparse.Namespace) -> int:
         if args.epochs is not None:
             config = dataclasses.replace(config, epochs=args.epochs)
         data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
-        data = load_benchmark_data(data_dir)
+        # The extra unknown sets first: a bad one fails before the benchmark data is read.
+        extra: dict[str, tuple[Path, Any]] = {}
+        for argument in args.ood:
+            name, path = parse_ood_argument(argument, [IN_DISTRIBUTION, *OOD_SETS, *extra])
+            extra[name] = (path, read_ood_images(path))
+        data = load_benchmark_data(data_dir).with_extra_ood(extra)
     except (FileNotFoundError, ValueError) as error:
         print(f'uq bench mnist: {error}', file=sys.stderr)
         return 2
+    if laplace_version() is None:
+        print(f'uq bench mnist: laplace-torch rows skipped (laplace is not importable); '
+              f'{LAPLACE_INSTALL_HINT}', file=sys.stderr)
     result = run_benchmark(data, config)
     paths = write_report(result, args.out)
     print(results_markdown(result.summary))

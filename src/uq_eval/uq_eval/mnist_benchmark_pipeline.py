@@ -14,12 +14,16 @@ deep ensemble M=5   mean softmax of networks 0-4                  predictive ent
 NTK-GP M=1 / M>1    probit softmax with the last-layer GP of      GP variance (OOD),
                     network 0 (lambda, T fitted on val. NLL)      predictive entropy
                                                                   (misclassification)
+laplace-torch       the library's last-layer KFAC Laplace of      predictive entropy
+(optional)          network 0, GLM predictive, probit link
+                    (prior precision by validation NLL)
 ==================  ============================================  =====================
 
 The scores were fixed before any result was seen; other scores (entropy, mutual
 information, ...) are reported beside them. Every hyperparameter (temperatures, probit
-lambda, the number of GP experts, the OOD threshold) is chosen on the MNIST validation
-split; the test and unknown sets are only evaluated.
+lambda, the number of GP experts, the OOD threshold, the Laplace prior precision) is chosen
+on the MNIST validation split; the test and unknown sets are only evaluated. The unknown sets
+are the built-in ones and any added with ``uq bench mnist --ood``.
 
 Each method is a *stage* (network computation from images, shared between methods that
 need the same one) and a *post-processing* function. Evaluation runs each stage once per
@@ -34,7 +38,7 @@ import math
 import multiprocessing
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -53,7 +57,16 @@ from uq_eval.mnist_cnn import (
     to_tensor,
     train,
 )
-from uq_eval.mnist_data import OOD_SETS, MnistBenchmarkData
+from uq_eval.mnist_data import MnistBenchmarkData
+from uq_eval.mnist_laplace import (
+    LAPLACE_INSTALL_HINT,
+    LaplaceVariant,
+    fit_laplace,
+    laplace_probabilities,
+    laplace_version,
+    prior_precision,
+    restore_laplace,
+)
 from uq_perception import metrics
 from uq_perception.ntk import (
     Gating,
@@ -91,6 +104,7 @@ class Method(str, Enum):
     NTK_GP_1 = 'ntk_gp_1'
     NTK_GP_M = 'ntk_gp_m'
     NTK_GP_NORM = 'ntk_gp_norm'
+    LAPLACE_LAST_LAYER = 'laplace_last_layer'
 
 
 class Score(str, Enum):
@@ -111,6 +125,7 @@ METHOD_LABELS: dict[Method, str] = {
     Method.NTK_GP_1: 'NTK-GP M=1',
     Method.NTK_GP_M: 'NTK-GP M>1',
     Method.NTK_GP_NORM: 'NTK-GP, norm-aware features',
+    Method.LAPLACE_LAST_LAYER: 'laplace-torch, last-layer KFAC, GLM probit',
 }
 
 # (score for unknown-input detection, score for misclassification detection), fixed a priori.
@@ -123,11 +138,17 @@ PRIMARY_SCORES: dict[Method, tuple[Score, Score]] = {
     Method.NTK_GP_1: (Score.GP_VARIANCE, Score.ENTROPY),
     Method.NTK_GP_M: (Score.GP_VARIANCE, Score.ENTROPY),
     Method.NTK_GP_NORM: (Score.GP_VARIANCE, Score.ENTROPY),
+    Method.LAPLACE_LAST_LAYER: (Score.ENTROPY, Score.ENTROPY),
 }
 
 BASELINES = (Method.MSP, Method.TEMPERATURE, Method.MC_DROPOUT_10, Method.MC_DROPOUT_30,
              Method.ENSEMBLE)
 NTK_GP_METHODS = (Method.NTK_GP_1, Method.NTK_GP_M, Method.NTK_GP_NORM)
+# Peer baselines from laplace-torch (optional): run only where ``laplace`` imports. A
+# whole-network KFAC Laplace does not fit the run's time budget (docs/benchmarks.md).
+LAPLACE_VARIANTS: dict[Method, LaplaceVariant] = {
+    Method.LAPLACE_LAST_LAYER: LaplaceVariant('last_layer'),
+}
 # Timing entry for the NTK-GP variance alone (the cost breakdown).
 _VARIANCE_ONLY = 'ntk_gp_1_variance_only'
 
@@ -161,6 +182,8 @@ class BenchmarkConfig:
     feature_alphas, feature_scales, feature_expert_counts : tuple
         Grid of the norm-aware feature map (``uq_perception.ntk.feature_map``) and numbers of
         experts among which the GP's log evidence on the training features chooses.
+    laplace : bool
+        Run the laplace-torch peer baselines when the library can be imported.
     timing_batch : int
         Batch size of the cost measurement.
     timing_rounds : int
@@ -185,6 +208,7 @@ class BenchmarkConfig:
     feature_alphas: tuple[float, ...] = (0.0, 1.0, 2.0)
     feature_scales: tuple[float, ...] = (3.0,)
     feature_expert_counts: tuple[int, ...] = (1, 16, 64)
+    laplace: bool = True
     timing_batch: int = 256
     timing_rounds: int = 50
     timing_warmup: int = 3
@@ -381,11 +405,21 @@ Stage = Callable[[torch.Tensor], Any]
 Post = Callable[[Any], Prediction]
 
 
+def _laplace_stage(la: Any) -> Stage:
+    def stage(x: torch.Tensor) -> NDArray[Any]:
+        return laplace_probabilities(la, x)
+    return stage
+
+
 def _build_methods(models: list[SmallCNN], temperature: float, gp_single: LastLayerNTKGP,
                    gp_multi: LastLayerNTKGP, gp_norm: LastLayerNTKGP,
-                   feature_map: NormFeatureMap, seed: int
+                   feature_map: NormFeatureMap, laplaces: Mapping[Method, Any], seed: int
                    ) -> tuple[dict[str, Stage], dict[Method, tuple[str, Post]]]:
-    """The stages (network passes) and each method's (stage name, post-processing)."""
+    """The stages (network passes) and each method's (stage name, post-processing).
+
+    ``laplaces`` holds the fitted laplace-torch approximations; methods without one (the
+    library is not installed) are left out.
+    """
     base_model = models[0]
     stages: dict[str, Stage] = {
         'base': _base_stage(base_model),
@@ -405,6 +439,11 @@ def _build_methods(models: list[SmallCNN], temperature: float, gp_single: LastLa
         Method.NTK_GP_M: ('base', _gp_post(gp_multi)),
         Method.NTK_GP_NORM: ('base', _gp_post(gp_norm, feature_map)),
     }
+    # laplace-torch computes the predictive from the images itself (its GLM predictive needs
+    # the network's Jacobians): one stage per approximation, probabilities out.
+    for method, la in laplaces.items():
+        stages[method.value] = _laplace_stage(la)
+        posts[method] = (method.value, _from_probabilities)
     return stages, posts
 
 
@@ -465,6 +504,7 @@ class _TimingJob:
     gp_multi: LastLayerNTKGP
     gp_norm: LastLayerNTKGP
     feature_map: NormFeatureMap
+    laplace_states: dict[Method, dict[str, Any]]
     x: torch.Tensor
     config: BenchmarkConfig
     threads: int
@@ -478,8 +518,10 @@ def _timing_worker(job: _TimingJob) -> Timings:
         model = SmallCNN(num_classes=len(CLASS_NAMES))
         model.load_state_dict(state)
         models.append(model.eval())
+    laplaces = {method: restore_laplace(models[0], LAPLACE_VARIANTS[method], state)
+                for method, state in job.laplace_states.items()}
     stages, posts = _build_methods(models, job.temperature, job.gp_single, job.gp_multi,
-                                   job.gp_norm, job.feature_map, job.config.seed)
+                                   job.gp_norm, job.feature_map, laplaces, job.config.seed)
 
     @torch.no_grad()
     def forward(x: torch.Tensor) -> NDArray[Any]:
@@ -569,7 +611,10 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
     y_val = data.train_labels[val_idx].astype(np.int64)
     sets: dict[str, torch.Tensor] = {
         IN_DISTRIBUTION: to_tensor(data.test_images[test_idx], mean, std)}
-    for name in OOD_SETS:
+    # Built-in unknown sets first, then any added with --ood: each draws its subset from rng
+    # in this order, so adding a set leaves the others' subsets unchanged.
+    ood_names = list(data.ood_images)
+    for name in ood_names:
         images = data.ood_images[name]
         sets[name] = to_tensor(images[_subset(len(images), config.ood_size, rng)], mean, std)
     y_test = data.test_labels[test_idx].astype(np.int64)
@@ -644,15 +689,27 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
     ood_thresholds = {Method.NTK_GP_1: gp_single.calibrate_ood(val_features),
                       Method.NTK_GP_M: gp_multi.calibrate_ood(val_features),
                       Method.NTK_GP_NORM: gp_norm.calibrate_ood(feature_map(val_features))}
+
+    clock['ntk_fitted'] = time.perf_counter()
+    # Peer baselines: laplace-torch around network 0, prior precision on the validation split.
+    laplace_installed = laplace_version() if config.laplace else None
+    laplaces: dict[Method, Any] = {}
+    if laplace_installed is not None:
+        for method, variant in LAPLACE_VARIANTS.items():
+            _log(config, f'fitting {METHOD_LABELS[method]} (laplace-torch {laplace_installed})')
+            laplaces[method] = fit_laplace(base_model, variant, x_train, y_train, x_val,
+                                           torch.from_numpy(y_val))
     clock['fitted'] = time.perf_counter()
+    active = [m for m in Method if m not in LAPLACE_VARIANTS or m in laplaces]
 
     stages, posts = _build_methods(models, temperature, gp_single, gp_multi, gp_norm,
-                                   feature_map, config.seed)
+                                   feature_map, laplaces, config.seed)
 
     # Evaluation: each stage once per dataset, then every method's post-processing.
-    predictions: dict[Method, dict[str, Prediction]] = {m: {} for m in Method}
+    predictions: dict[Method, dict[str, Prediction]] = {m: {} for m in active}
     features: dict[str, NDArray[Any]] = {}
-    stage_axis = {'base': 0, 'mc10': 1, 'mc30': 1, 'ensemble': 1}
+    stage_axis = {'base': 0, 'mc10': 1, 'mc30': 1, 'ensemble': 1,
+                  **{m.value: 0 for m in laplaces}}
     for set_name, x in tqdm(sets.items(), desc='evaluating', disable=not config.progress,
                             leave=False):
         cached = {key: _run_stage(stage, x, 1000, stage_axis[key])
@@ -667,13 +724,14 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
     timings = _time_in_worker(_TimingJob(
         state_dicts=[m.state_dict() for m in models], temperature=temperature,
         gp_single=gp_single, gp_multi=gp_multi, gp_norm=gp_norm, feature_map=feature_map,
+        laplace_states={m: la.state_dict() for m, la in laplaces.items()},
         x=sets[IN_DISTRIBUTION][:config.timing_batch],
         config=config, threads=torch.get_num_threads()))
     clock['timed'] = time.perf_counter()
 
     # Metrics.
     method_results: dict[str, Any] = {}
-    for method in Method:
+    for method in active:
         ood_score, error_score = PRIMARY_SCORES[method]
         test_pred = predictions[method][IN_DISTRIBUTION]
         probs = test_pred.probabilities
@@ -697,7 +755,7 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
                                  / min(config.timing_batch, len(y_test))),
             'score_auroc': {},
         }
-        for set_name in OOD_SETS:
+        for set_name in ood_names:
             ood_pred = predictions[method][set_name]
             known = test_pred.scores[ood_score]
             unknown = ood_pred.scores[ood_score]
@@ -712,7 +770,7 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
                                     predictions[method][set_name].scores[score]]),
                     np.r_[np.zeros(len(y_test), bool),
                           np.ones(len(predictions[method][set_name].probabilities), bool)])
-                for set_name in OOD_SETS}
+                for set_name in ood_names}
         method_results[method.value] = entry
 
     for method, gp in ((Method.NTK_GP_1, gp_single), (Method.NTK_GP_M, gp_multi),
@@ -729,6 +787,24 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
         f'NTK-GP, norm-aware features (alpha={feature_map.alpha:g}, s={feature_map.scale:g}, '
         f'M={gp_norm.num_experts})')
     method_results[Method.NTK_GP_NORM.value]['feature_map'] = dataclasses.asdict(feature_map)
+    for method, la in laplaces.items():
+        variant = LAPLACE_VARIANTS[method]
+        precision = prior_precision(la)
+        method_results[method.value]['laplace'] = {
+            'library': 'laplace-torch', 'version': laplace_installed,
+            'subset_of_weights': variant.subset_of_weights,
+            'hessian_structure': variant.hessian_structure,
+            'predictive': 'glm', 'link_approx': 'probit',
+            'prior_precision': precision,
+            'prior_precision_search': 'gridsearch on validation NLL, 10^'
+                                      f'{variant.log_prior_precision_range[0]:g}..10^'
+                                      f'{variant.log_prior_precision_range[1]:g}, '
+                                      f'{variant.grid_size} points',
+            # A choice at the edge of the grid means the optimum may lie beyond it.
+            'prior_precision_at_grid_edge': bool(
+                min(abs(math.log10(precision) - edge)
+                    for edge in variant.log_prior_precision_range) < 1e-6),
+        }
 
     clock['end'] = time.perf_counter()
     summary = {
@@ -738,9 +814,17 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
             'train_images': int(len(train_idx)),
             'validation_images': int(len(val_idx)),
             'test_images': int(len(test_idx)),
-            'ood_images': {name: int(sets[name].shape[0]) for name in OOD_SETS},
+            'ood_images': {name: int(sets[name].shape[0]) for name in ood_names},
+            'extra_ood_files': {name: str(path) for name, path in data.extra_ood_paths.items()},
             'pixel_mean': mean,
             'pixel_std': std,
+        },
+        'laplace': {
+            'version': laplace_installed,
+            'methods': [m.value for m in laplaces],
+            'skipped': (None if laplaces else
+                        'disabled in the configuration' if not config.laplace else
+                        f'laplace-torch is not installed; {LAPLACE_INSTALL_HINT}'),
         },
         'training_loss': losses,
         'validation_accuracy': metrics.accuracy(val_logits, y_val),
@@ -748,13 +832,14 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
         'feature_map_selection': [dataclasses.asdict(c) for c in map_candidates],
         'ntk_gp_variance_only_cost_ratio': (timings.cpu_median[_VARIANCE_ONLY]
                                             / timings.cpu_median['forward']),
-        'diagnostics': _diagnostics(features, predictions),
+        'diagnostics': _diagnostics(features, predictions, ood_names),
         'methods': method_results,
         'timing_seconds_per_batch': dataclasses.asdict(timings),
-        'targets': _targets(method_results),
+        'targets': _targets(method_results, ood_names),
         'runtime_seconds': {
             'training': clock['trained'] - clock['start'],
             'validation_fitting': clock['fitted'] - clock['trained'],
+            'laplace_fitting': clock['fitted'] - clock['ntk_fitted'],
             'evaluation': clock['evaluated'] - clock['fitted'],
             'timing': clock['timed'] - clock['evaluated'],
             'total': clock['end'] - clock['start'],
@@ -764,14 +849,15 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
     return BenchmarkResult(
         summary=summary,
         test_labels=y_test,
-        test_probabilities={m: predictions[m][IN_DISTRIBUTION].probabilities for m in Method},
+        test_probabilities={m: predictions[m][IN_DISTRIBUTION].probabilities for m in active},
         ood_scores={m: {name: predictions[m][name].scores[PRIMARY_SCORES[m][0]]
-                        for name in sets} for m in Method},
+                        for name in sets} for m in active},
     )
 
 
 def _diagnostics(features: Mapping[str, NDArray[Any]],
-                 predictions: Mapping[Method, Mapping[str, Prediction]]) -> dict[str, Any]:
+                 predictions: Mapping[Method, Mapping[str, Prediction]],
+                 ood_names: Sequence[str]) -> dict[str, Any]:
     """Why the GP variance ranks inputs as it does: feature norms and direction.
 
     The last-layer kernel is linear in ``phi~ = [phi; 1]``, so the GP variance grows with
@@ -792,13 +878,13 @@ def _diagnostics(features: Mapping[str, NDArray[Any]],
     result: dict[str, Any] = {
         'feature_norm_mean': {name: float(np.sqrt(v - 1.0).mean())
                               for name, v in sq_norm.items()},
-        'auroc_squared_feature_norm': {name: auroc(sq_norm, name) for name in OOD_SETS},
+        'auroc_squared_feature_norm': {name: auroc(sq_norm, name) for name in ood_names},
     }
     for method in NTK_GP_METHODS:
         direction = {name: predictions[method][name].scores[Score.GP_VARIANCE] / sq_norm[name]
                      for name in features}
         result[f'auroc_gp_variance_over_squared_norm_{method.value}'] = {
-            name: auroc(direction, name) for name in OOD_SETS}
+            name: auroc(direction, name) for name in ood_names}
     return result
 
 
@@ -806,16 +892,16 @@ def _ratio(seconds: Mapping[str, float], method: Method) -> float:
     return seconds[method.value] / seconds['forward']
 
 
-def _targets(method_results: Mapping[str, Any]) -> dict[str, Any]:
+def _targets(method_results: Mapping[str, Any], ood_names: Sequence[str]) -> dict[str, Any]:
     """Check each NTK-GP variant against the issue's targets."""
     best = {name: max(method_results[m.value]['ood'][name]['auroc'] for m in BASELINES)
-            for name in OOD_SETS}
+            for name in ood_names}
     checks: dict[str, Any] = {'best_baseline_ood_auroc': best}
     for method in NTK_GP_METHODS:
         r = method_results[method.value]
         checks[method.value] = {
             'ood_auroc_at_least_best_baseline': {
-                name: bool(r['ood'][name]['auroc'] >= best[name]) for name in OOD_SETS},
+                name: bool(r['ood'][name]['auroc'] >= best[name]) for name in ood_names},
             'ece_at_most_0.01': bool(r['ece'] <= TARGET_ECE),
             'cost_at_most_1.1x_forward': bool(r['cost_ratio'] <= TARGET_COST_RATIO),
         }

@@ -17,7 +17,6 @@ from uq_eval.mnist_benchmark_pipeline import (
     Method,
     Score,
 )
-from uq_eval.mnist_data import OOD_SETS
 from uq_perception import metrics
 
 __all__ = ['markdown_table', 'write_report']
@@ -28,6 +27,16 @@ _SCORE_LABELS = {
     Score.MUTUAL_INFORMATION.value: 'mutual information',
     Score.GP_VARIANCE.value: 'GP variance',
 }
+
+
+def _ood_names(summary: Mapping[str, Any]) -> list[str]:
+    """The unknown sets of the run, built-in ones first, then those added with --ood."""
+    return list(summary['data']['ood_images'])
+
+
+def _methods(summary: Mapping[str, Any]) -> list[Method]:
+    """The methods of the run (the laplace-torch rows only where the library was installed)."""
+    return [Method(key) for key in summary['methods']]
 
 
 def _fmt(value: float, digits: int) -> str:
@@ -42,13 +51,13 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
     summary : mapping
         ``BenchmarkResult.summary``.
     """
-    sets = list(OOD_SETS)
+    sets = _ood_names(summary)
     header = (['Method', 'Acc. %', 'NLL', 'Brier', 'ECE']
               + [f'AUROC {s}' for s in sets] + [f'AUPR {s}' for s in sets]
               + ['Misclass. AUROC', 'Cost x fwd', 'OOD score'])
     lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
     best = summary['targets']['best_baseline_ood_auroc']
-    for method in Method:
+    for method in _methods(summary):
         r = summary['methods'][method.value]
         aurocs = []
         for s in sets:
@@ -67,10 +76,10 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
 
 
 def _score_table(summary: Mapping[str, Any]) -> str:
-    sets = list(OOD_SETS)
+    sets = _ood_names(summary)
     lines = ['| Method | Score | ' + ' | '.join(f'AUROC {s}' for s in sets) + ' |',
              '|---|---|' + '---|' * len(sets)]
-    for method in Method:
+    for method in _methods(summary):
         r = summary['methods'][method.value]
         for score, per_set in r['score_auroc'].items():
             mark = ' (primary)' if score == r['ood_score'] else ''
@@ -108,6 +117,12 @@ def _hyperparameter_text(summary: Mapping[str, Any]) -> str:
             f"- {methods[method.value]['label']}: lambda = {h['probit_lambda']:.4g}, "
             f"T = {h['temperature']:.3f}, OOD threshold = {h['ood_threshold']:.4g} "
             f"(flagged: {flags})")
+    for r in methods.values():
+        if 'laplace' in r:
+            lap = r['laplace']
+            edge = ' (at the edge of the grid)' if lap['prior_precision_at_grid_edge'] else ''
+            lines.append(f"- {r['label']}: prior precision = {lap['prior_precision']:.4g}"
+                         f"{edge}, by {lap['prior_precision_search']}")
     selection = ', '.join(f"M={s['num_experts']}: {s['validation_nll']:.4f}"
                           for s in summary['expert_selection'])
     lines.append(f'- Validation NLL per number of experts: {selection}')
@@ -116,19 +131,28 @@ def _hyperparameter_text(summary: Mapping[str, Any]) -> str:
 
 def _diagnostics_text(summary: Mapping[str, Any]) -> str:
     diag = summary['diagnostics']
-    names = [IN_DISTRIBUTION, *OOD_SETS]
+    names = [IN_DISTRIBUTION, *_ood_names(summary)]
     lines = ['| Quantity | ' + ' | '.join(names) + ' |', '|---|' + '---|' * len(names),
              '| mean feature norm of phi | '
              + ' | '.join(_fmt(diag['feature_norm_mean'][n], 2) for n in names) + ' |',
              '| AUROC of squared norm of [phi; 1] | - | '
-             + ' | '.join(_fmt(diag['auroc_squared_feature_norm'][n], 3) for n in OOD_SETS)
+             + ' | '.join(_fmt(diag['auroc_squared_feature_norm'][n], 3) for n in names[1:])
              + ' |']
     for method in NTK_GP_METHODS:
         key = f'auroc_gp_variance_over_squared_norm_{method.value}'
         label = summary['methods'][method.value]['label']
         lines.append(f'| AUROC of GP variance / squared norm, {label} | - | '
-                     + ' | '.join(_fmt(diag[key][n], 3) for n in OOD_SETS) + ' |')
+                     + ' | '.join(_fmt(diag[key][n], 3) for n in names[1:]) + ' |')
     return '\n'.join(lines) + '\n'
+
+
+def _laplace_text(summary: Mapping[str, Any]) -> str:
+    laplace = summary['laplace']
+    if laplace['skipped'] is not None:
+        return f"laplace-torch peer-baseline rows skipped: {laplace['skipped']}.\n\n"
+    return (f"laplace-torch rows: laplace-torch {laplace['version']}, the library's own API "
+            '(GLM predictive, probit link; prior precision by its grid search of the '
+            'validation NLL).\n\n')
 
 
 def results_markdown(summary: Mapping[str, Any]) -> str:
@@ -146,7 +170,8 @@ def results_markdown(summary: Mapping[str, Any]) -> str:
         'one forward pass of the network timed the same way in the same run.\n\n'
         + markdown_table(summary)
         + '\nBold: an NTK-GP AUROC at least the best baseline on that set.\n\n'
-        '## Targets (NTK-GP)\n\n' + _targets_text(summary)
+        + _laplace_text(summary)
+        + '## Targets (NTK-GP)\n\n' + _targets_text(summary)
         + '\n## Hyperparameters (fitted on the validation split)\n\n'
         + _hyperparameter_text(summary)
         + '\n## OOD AUROC of every available score\n\n' + _score_table(summary)
@@ -155,7 +180,8 @@ def results_markdown(summary: Mapping[str, Any]) -> str:
         + '\nCost of the NTK-GP variance alone (no probit probabilities, no entropy '
         f"decomposition), M=1: {summary['ntk_gp_variance_only_cost_ratio']:.3f}x forward.\n"
         + f"\nRun time: {runtime['total']:.0f} s (training {runtime['training']:.0f} s, "
-        f"validation fitting {runtime['validation_fitting']:.0f} s, evaluation "
+        f"validation fitting {runtime['validation_fitting']:.0f} s, of which laplace-torch "
+        f"{runtime['laplace_fitting']:.0f} s, evaluation "
         f"{runtime['evaluation']:.0f} s, timing {runtime['timing']:.0f} s) with "
         f"{summary['torch_threads']} torch thread(s).\n")
 
@@ -165,7 +191,7 @@ def _plot_reliability(result: BenchmarkResult, path: Path) -> None:
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
-    methods = list(Method)
+    methods = list(result.test_probabilities)
     cols = 4
     rows = -(-len(methods) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(10, 2.7 * rows), sharex=True, sharey=True)
@@ -202,13 +228,16 @@ def _plot_histograms(result: BenchmarkResult, path: Path) -> None:
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
-    methods = list(Method)
+    methods = list(result.ood_scores)
     cols = 4
     rows = -(-len(methods) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(10, 2.7 * rows))
     flat = axes.ravel()
-    colours = {IN_DISTRIBUTION: 'k', **dict(zip(OOD_SETS, ('tab:orange', 'tab:green',
-                                                             'tab:purple'), strict=True))}
+    # The built-in sets keep their colours; sets added with --ood take the next ones.
+    palette = ('tab:orange', 'tab:green', 'tab:purple', 'tab:red', 'tab:brown', 'tab:pink',
+               'tab:olive', 'tab:cyan', 'tab:blue', 'tab:gray')
+    colours = {IN_DISTRIBUTION: 'k', **{name: palette[i % len(palette)]
+                                        for i, name in enumerate(_ood_names(result.summary))}}
     for ax, method in zip(flat, methods, strict=False):
         per_set = result.ood_scores[method]
         score = result.summary['methods'][method.value]['ood_score']

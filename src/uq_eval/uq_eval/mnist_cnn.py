@@ -107,13 +107,14 @@ class TrainConfig:
             raise ValueError(f'weight_decay must be >= 0, got {self.weight_decay}')
 
 
-def to_tensor(images: NDArray[np.uint8], mean: float, std: float) -> torch.Tensor:
-    """Standardise uint8 images ``(N, 28, 28)`` into a float tensor ``(N, 1, 28, 28)``.
+def to_tensor(images: NDArray[np.uint8] | NDArray[np.float32], mean: float, std: float
+              ) -> torch.Tensor:
+    """Standardise images ``(N, 28, 28)`` into a float tensor ``(N, 1, 28, 28)``.
 
     Parameters
     ----------
-    images : ndarray of uint8
-        Raw pixel values.
+    images : ndarray of uint8 or float32
+        Raw pixel values in 0..255.
     mean, std : float
         Pixel statistics of the training split (in [0, 1] units).
     """

@@ -10,15 +10,23 @@ publishers' file names (see ``shared/data/README.md``)::
     notmnist/t10k-images-idx3-ubyte.gz
 
 Each file may also be present uncompressed (the name without ``.gz``).
+
+More unknown sets can come from any file (``uq bench mnist --ood NAME=PATH``, read by
+:func:`read_ood_images`): 28x28 grayscale images as an unsigned-byte IDX file (gzipped or
+not) or an ``.npz`` archive, uint8 in 0..255 or float in [0, 1].
 """
 
 from __future__ import annotations
 
 import gzip
 import os
+import re
+import zipfile
+import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -28,8 +36,10 @@ __all__ = [
     'OOD_SETS',
     'default_data_dir',
     'load_benchmark_data',
+    'parse_ood_argument',
     'read_idx',
     'read_npz_images',
+    'read_ood_images',
     'write_idx',
 ]
 
@@ -60,17 +70,34 @@ class MnistBenchmarkData:
     test_images, test_labels : ndarray
         MNIST test split, the in-distribution evaluation set.
     ood_images : dict of str to ndarray
-        Unknown sets keyed by display name (``OOD_SETS`` order); their labels are unused.
+        Unknown sets keyed by display name: ``OOD_SETS`` in order, then any added with
+        :meth:`with_extra_ood`. Pixel values in 0..255 (uint8, or float32 for sets given as
+        floats in [0, 1]); their labels are unused.
     data_dir : Path
         Directory the files were read from.
+    extra_ood_paths : dict of str to Path
+        File of each unknown set added with :meth:`with_extra_ood`.
     """
 
     train_images: NDArray[np.uint8]
     train_labels: NDArray[np.uint8]
     test_images: NDArray[np.uint8]
     test_labels: NDArray[np.uint8]
-    ood_images: dict[str, NDArray[np.uint8]]
+    ood_images: dict[str, NDArray[np.uint8] | NDArray[np.float32]]
     data_dir: Path
+    extra_ood_paths: dict[str, Path] = field(default_factory=dict)
+
+    def with_extra_ood(self, extra: dict[str, tuple[Path, NDArray[np.uint8] | NDArray[np.float32]]]
+                       ) -> MnistBenchmarkData:
+        """A copy with more unknown sets (name -> (file, images)) after the built-in ones."""
+        clashes = sorted(set(extra) & set(self.ood_images))
+        if clashes:
+            raise ValueError(f'unknown set name(s) {clashes} already used')
+        return replace(
+            self,
+            ood_images={**self.ood_images, **{n: images for n, (_, images) in extra.items()}},
+            extra_ood_paths={**self.extra_ood_paths,
+                             **{n: path for n, (path, _) in extra.items()}})
 
 
 def read_idx(path: str | os.PathLike[str]) -> NDArray[np.uint8]:
@@ -95,7 +122,11 @@ def read_idx(path: str | os.PathLike[str]) -> NDArray[np.uint8]:
     path = Path(path)
     opener = gzip.open if path.suffix == '.gz' else open
     with opener(path, 'rb') as stream:
-        raw = stream.read()
+        return _parse_idx(path, stream.read())
+
+
+def _parse_idx(path: Path, raw: bytes) -> NDArray[np.uint8]:
+    """The array of an unsigned-byte idx file's bytes ``raw`` (``path`` names it in errors)."""
     if len(raw) < 4:
         raise ValueError(f'{path}: too short for an idx header ({len(raw)} bytes)')
     magic = int.from_bytes(raw[:4], 'big')
@@ -268,3 +299,127 @@ def load_benchmark_data(data_dir: str | os.PathLike[str]) -> MnistBenchmarkData:
         ood_images={name: _read_images(paths[f'ood:{name}']) for name in OOD_SETS},
         data_dir=root,
     )
+
+
+#: Key of the image array in an ``.npz`` archive that holds more than one array.
+NPZ_IMAGES_KEY = 'images'
+#: Characters allowed in the name of an extra unknown set (it becomes a table column).
+_NAME_PATTERN = re.compile(r'[A-Za-z0-9][A-Za-z0-9_.+-]*')
+_GZIP_MAGIC = b'\x1f\x8b'
+_ZIP_MAGIC = b'PK\x03\x04'
+# IDX files start with two zero bytes, then the element type and the rank.
+_IDX_PREFIX = b'\x00\x00'
+
+
+def parse_ood_argument(argument: str, taken: Sequence[str]) -> tuple[str, Path]:
+    """Split a ``--ood NAME=PATH`` argument and check the name.
+
+    Parameters
+    ----------
+    argument : str
+        The text after ``--ood``.
+    taken : sequence of str
+        Names already in use (the built-in sets, the known set and earlier ``--ood`` names);
+        compared without regard to case.
+
+    Raises
+    ------
+    ValueError
+        If ``=`` is missing, the name or path is empty, the name has characters other than
+        letters, digits and ``_ . + -``, or it is already taken.
+    """
+    name, sep, path = argument.partition('=')
+    name = name.strip()
+    if not sep or not name or not path:
+        raise ValueError(f'--ood {argument!r}: expected NAME=PATH (e.g. '
+                         '--ood EMNIST=letters.npz)')
+    if not _NAME_PATTERN.fullmatch(name):
+        raise ValueError(f'--ood {argument!r}: the name {name!r} may contain only letters, '
+                         'digits and _ . + - (and starts with a letter or digit)')
+    clash = [t for t in taken if t.casefold() == name.casefold()]
+    if clash:
+        raise ValueError(f'--ood {argument!r}: the name {name!r} is already used by '
+                         f'{clash[0]!r}; give each unknown set its own name')
+    return name, Path(path)
+
+
+def _read_ood_npz(path: Path) -> NDArray[Any]:
+    with np.load(path, allow_pickle=False) as archive:
+        names = list(archive.keys())
+        if len(names) == 1:
+            key = names[0]
+        elif NPZ_IMAGES_KEY in names:
+            key = NPZ_IMAGES_KEY
+        else:
+            raise ValueError(f'{path}: the archive holds {len(names)} arrays {names}; expected '
+                             f'one, or one named {NPZ_IMAGES_KEY!r}')
+        return archive[key]
+
+
+def read_ood_images(path: str | os.PathLike[str]) -> NDArray[np.uint8] | NDArray[np.float32]:
+    """Read an extra unknown set: 28x28 grayscale images from an IDX or ``.npz`` file.
+
+    The format is recognised from the file's first bytes, not its name:
+
+    - IDX with unsigned-byte elements and shape ``(N, 28, 28)``, plain or gzipped;
+    - ``.npz`` holding one array, or several of which the one named ``images`` is read;
+      shape ``(N, 28, 28)``, dtype uint8 (0..255) or float (values in [0, 1], finite).
+
+    Parameters
+    ----------
+    path : path-like
+        The file.
+
+    Returns
+    -------
+    ndarray, shape (N, 28, 28)
+        uint8 as stored, or float32 in 0..255 pixel units for float input.
+
+    Raises
+    ------
+    ValueError
+        If the file cannot be read, is corrupt, has an unknown format, or holds no images,
+        images of another size or rank, another dtype, or float values outside [0, 1] or
+        not finite. The message starts with the file name.
+    """
+    path = Path(path)
+    try:
+        with open(path, 'rb') as stream:
+            head = stream.read(4)
+        if head.startswith(_GZIP_MAGIC):
+            raw = gzip.decompress(path.read_bytes())
+            if not raw.startswith(_IDX_PREFIX):
+                raise ValueError(f'{path}: gzipped, but not an IDX file inside (expected an '
+                                 'unsigned-byte IDX file, gzipped or not, or an .npz archive)')
+            images: NDArray[Any] = _parse_idx(path, raw)
+        elif head.startswith(_ZIP_MAGIC):
+            images = _read_ood_npz(path)
+        elif head.startswith(_IDX_PREFIX) and len(head) == 4:
+            images = _parse_idx(path, path.read_bytes())
+        else:
+            raise ValueError(f'{path}: unknown format (expected an unsigned-byte IDX file, '
+                             'gzipped or not, or an .npz archive)')
+    except (OSError, EOFError, zlib.error, zipfile.BadZipFile) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise ValueError(f'{path}: cannot be read ({reason})') from None
+    if images.ndim != 3:
+        raise ValueError(f'{path}: expected images of shape (N, 28, 28), got rank '
+                         f'{images.ndim} {images.shape}')
+    if images.shape[1:] != (28, 28):
+        raise ValueError(f'{path}: expected 28x28 images, got {images.shape[1]}x'
+                         f'{images.shape[2]} (shape {images.shape})')
+    if images.shape[0] == 0:
+        raise ValueError(f'{path}: holds no images (shape {images.shape})')
+    if images.dtype == np.uint8:
+        return images
+    if not np.issubdtype(images.dtype, np.floating):
+        raise ValueError(f'{path}: images must be uint8 (0..255) or float in [0, 1], got '
+                         f'dtype {images.dtype}')
+    finite = np.isfinite(images)
+    if not finite.all():
+        raise ValueError(f'{path}: {int((~finite).sum())} pixel value(s) are not finite')
+    low, high = float(images.min()), float(images.max())
+    if low < 0.0 or high > 1.0:
+        raise ValueError(f'{path}: float images must lie in [0, 1], found values in '
+                         f'[{low:g}, {high:g}] (store 0..255 values as uint8)')
+    return (images.astype(np.float64) * 255.0).astype(np.float32)
