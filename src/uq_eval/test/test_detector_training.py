@@ -347,6 +347,8 @@ def test_run_training_and_evaluation_end_to_end(dataset, tmp_path):
     gp = LastLayerNTKGP.load(out / 'detector_gp.npz', feature_dim=model.embedding_dim,
                              class_names=model.class_names, model_id=model.model_id)
     assert model.metadata['gp']['num_experts'] == gp.num_experts
+    # 8 validation objects are too few to calibrate the box uncertainty: it stays off.
+    assert model.metadata['gp']['box_calibration'] is None and gp.box_calibration is None
 
     val = load_split(dataset / 'val')
     truth_phi, truth_labels = object_embeddings(model, val, use_detections=False)
@@ -373,6 +375,7 @@ def test_run_training_and_evaluation_end_to_end(dataset, tmp_path):
     report = evaluate(out / 'detector.pt', out / 'detector_gp.npz', dataset, latency_runs=3,
                       progress=False)
     assert report['model_id'] == summary['model_id']
+    assert report['box_uncertainty']['calibrated'] is False
     assert set(report['detection_test']['ap50_per_class']) == {'rectangle', 'ellipse'}
     uncertainty = report['uncertainty']
     assert uncertainty['unknown_objects'] == 3

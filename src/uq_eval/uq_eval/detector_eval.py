@@ -17,6 +17,10 @@ Metrics, all on held-out splits at the model's input size:
 - **Misclassification AUROC** (``test``): detections matched to known objects, positives
   those whose most probable class is wrong; scored by GP variance and predictive entropy.
 - Calibration of the matched known detections (accuracy, ECE, NLL, Brier).
+- **Box-coordinate coverage** (``test``): the share of true box coordinates within +-1 and
+  +-2 of the published ``box_std`` of the matched detections, per coordinate and overall
+  (``uq_perception.box_uncertainty``); the same on the unknown objects of
+  ``test_unknown``.
 - **Latency** of the forward pass at batch 1 after warm-up (p50/p99 ms), and of the
   whole ``detect`` + GP query.
 """
@@ -262,11 +266,14 @@ def _cpu_name() -> str:
 
 def evaluate(model_path: Path, gp_path: Path, data: Path, latency_runs: int = 200,
              threads: int = 1, progress: bool = True, backend: str = 'pytorch-cpu',
-             engine: str | None = None) -> dict[str, Any]:
-    """All metrics of a saved detector and GP on ``data/test`` and ``data/test_unknown``."""
+             engine: str | None = None, procedural_unknowns: int = 0,
+             procedural_seed: int = 0) -> dict[str, Any]:
+    """All metrics of a saved detector and GP on ``data/test`` and ``data/test_unknown``,
+    and on ``procedural_unknowns`` generated unknown objects when that is > 0."""
     import torch
 
     from uq_perception.backends import create_backend
+    from uq_perception.box_uncertainty import evaluate_box_uncertainty
     from uq_perception.detector import load_detector
     from uq_perception.detector_data import load_split
     from uq_perception.ntk import LastLayerNTKGP
@@ -292,6 +299,18 @@ def evaluate(model_path: Path, gp_path: Path, data: Path, latency_runs: int = 20
     }
     report['uncertainty'] = evaluate_uncertainty(model, gp, test, test_unknown,
                                                  progress=progress)
+    if procedural_unknowns > 0:
+        from uq_eval.procedural_unknowns import evaluate_procedural_unknowns
+
+        report['procedural_unknowns'] = evaluate_procedural_unknowns(
+            model, gp, procedural_unknowns, procedural_seed, progress=progress)
+        report['ood_auroc_gp_variance'] = {
+            'fixed_unknown_set': report['uncertainty']['auroc_unknown']['gp_variance'],
+            'procedural_unknowns': report['procedural_unknowns']['auroc_unknown']['gp_variance'],
+        }
+    report['box_uncertainty'] = evaluate_box_uncertainty(
+        model, gp, test, test_unknown, OPERATING_THRESHOLD, OPERATING_MAX_DETECTIONS,
+        progress=progress)
     report['latency_ms'] = measure_latency(model, gp, runs=latency_runs)
     report['backend_latency_ms'] = measure_backend_latency(runner, gp, runs=latency_runs)
     report['date'] = time.strftime('%Y-%m-%d %H:%M:%S %Z')
@@ -316,19 +335,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              'device-synchronised)')
     parser.add_argument('--engine', default=None,
                         help='TensorRT engine from `uq build-engine` (backend tensorrt)')
+    from uq_eval.procedural_unknowns import procedural_count_argument, procedural_seed_argument
+
+    parser.add_argument('--procedural-unknowns', type=procedural_count_argument, default=0,
+                        metavar='N', help='also render N scenes with one procedurally '
+                        'generated unknown object each (never used in training) and report '
+                        'their OOD AUROC next to the fixed unknown set (docs/simulation.md); '
+                        '0: skipped')
+    parser.add_argument('--procedural-seed', type=procedural_seed_argument, default=0,
+                        metavar='SEED', help='seed of the procedural objects')
     parser.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    from uq_eval.procedural_unknowns import ood_summary
     from uq_perception.backends import BackendUnavailableError
 
     try:
         report = evaluate(args.model, args.gp, args.data, latency_runs=args.latency_runs,
                           threads=args.threads, progress=not args.no_progress,
-                          backend=args.backend, engine=args.engine)
+                          backend=args.backend, engine=args.engine,
+                          procedural_unknowns=args.procedural_unknowns,
+                          procedural_seed=args.procedural_seed)
     except BackendUnavailableError as exc:
         print(f'uq eval detector: {exc}', file=sys.stderr)
         return 2
+    if 'procedural_unknowns' in report:
+        print(ood_summary(report), file=sys.stderr)
     text = json.dumps(report, indent=1)
     print(text)
     if args.out is not None:

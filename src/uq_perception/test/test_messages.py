@@ -30,7 +30,7 @@ def _frame(count: int) -> FrameResult:
         embeddings=rng.normal(size=(count, 8)).astype(np.float32),
         logits=uncertainty.logits.astype(np.float32))
     return FrameResult(detections, uncertainty, np.arange(10, 10 + count), CLASSES, 12.5,
-                       11.0)
+                       11.0, rng.uniform(0.5, 4.0, (count, 4)).astype(np.float32))
 
 
 def test_every_detection_field_comes_from_its_row():
@@ -49,6 +49,7 @@ def test_every_detection_field_comes_from_its_row():
         np.testing.assert_allclose(det.class_probabilities, unc.probabilities[i], rtol=1e-6)
         np.testing.assert_allclose([det.center_x, det.center_y, det.width, det.height],
                                    frame.detections.boxes[i], rtol=1e-6)
+        np.testing.assert_array_equal(det.box_std, frame.box_std[i])
         u = det.uncertainty
         np.testing.assert_allclose(
             [u.gp_variance, u.predictive_entropy, u.expected_entropy, u.mutual_information,

@@ -94,6 +94,7 @@ def _fill_detection_array(out: DetectionArray, detections: list[Detection],
     probability_rows = [array.array('f', row.tobytes())
                         for row in probabilities.astype(np.float32)]
     boxes = frame.detections.boxes.tolist()
+    box_stds = np.ascontiguousarray(frame.box_std, dtype=np.float32)
     scores = frame.detections.scores.tolist()
     track_ids = frame.track_ids.tolist()
     embedding_rows = ([array.array('f', row.tobytes())
@@ -105,6 +106,7 @@ def _fill_detection_array(out: DetectionArray, detections: list[Detection],
         detection.score = scores[i]
         detection.class_probabilities = probability_rows[i]
         detection.center_x, detection.center_y, detection.width, detection.height = boxes[i]
+        detection.box_std = box_stds[i]
         detection.track_id = track_ids[i]
         detection.embedding = embedding_rows[i]
         _set_fields(detection.uncertainty, uncertainties[i])

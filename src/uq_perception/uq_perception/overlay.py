@@ -3,7 +3,9 @@
 Colour runs from green (GP variance near zero) through yellow to red (at or above the OOD
 threshold), so an operator sees at a glance which objects the robot does not know. Each
 label shows the class, its probability and the GP standard deviation sigma; detections
-flagged out-of-distribution are drawn with a thicker box and an "OOD" tag.
+flagged out-of-distribution are drawn with a thicker box and an "OOD" tag. A translucent
+band around each box spans its edges moved in and out by one standard deviation (from the
+box coordinates' ``box_std``): a wide band is a box whose extent the robot is unsure of.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import cv2
 import numpy as np
 
 from uq_perception.perception import FrameResult
+
+# Opacity of the one-sigma box band: visible, yet the object stays recognisable under it.
+BAND_OPACITY = 0.35
 
 
 def uncertainty_colour(gp_variance: float, ood_threshold: float | None) -> tuple[int, int, int]:
@@ -37,6 +42,7 @@ def draw_overlay(image_rgb: np.ndarray, frame: FrameResult,
         bottom_right = (int(round(cx + w / 2)), int(round(cy + h / 2)))
         ood = bool(unc.out_of_distribution[i])
         colour = uncertainty_colour(float(unc.gp_variance[i]), ood_threshold)
+        draw_box_band(canvas, frame.detections.boxes[i], frame.box_std[i], colour)
         cv2.rectangle(canvas, top_left, bottom_right, colour, 3 if ood else 1)
         cls = int(np.argmax(unc.probabilities[i]))
         label = (f'{"OOD " if ood else ""}{frame.class_names[cls]} '
@@ -47,3 +53,39 @@ def draw_overlay(image_rgb: np.ndarray, frame: FrameResult,
         cv2.putText(canvas, label, text_origin, cv2.FONT_HERSHEY_PLAIN, 0.8, colour, 1,
                     cv2.LINE_AA)
     return canvas
+
+
+def draw_box_band(canvas: np.ndarray, box: np.ndarray, std: np.ndarray,
+                  colour: tuple[int, int, int]) -> None:
+    """Blend ``colour`` into ``canvas`` between the box shrunk and grown by one sigma.
+
+    An edge at ``center -+ size / 2`` has the standard deviation ``sqrt(std_center^2 +
+    std_size^2 / 4)`` (the coordinates' errors taken as independent). Nothing is drawn
+    when every sigma is 0 (box uncertainty not estimated); a band wider than half the box
+    fills it. Boxes partly or wholly outside the image are clipped.
+    """
+    cx, cy, w, h = (float(v) for v in box)
+    sx, sy, sw, sh = (float(v) for v in std)
+    if not (sx > 0 or sy > 0 or sw > 0 or sh > 0):
+        return
+    edge_x = float(np.hypot(sx, sw / 2))
+    edge_y = float(np.hypot(sy, sh / 2))
+    height, width = canvas.shape[:2]
+    # Pixel bounds of the grown box, clipped to the image; the band is blended there only.
+    x0 = max(int(round(cx - w / 2 - edge_x)), 0)
+    y0 = max(int(round(cy - h / 2 - edge_y)), 0)
+    x1 = min(int(round(cx + w / 2 + edge_x)), width - 1)
+    y1 = min(int(round(cy + h / 2 + edge_y)), height - 1)
+    if x0 > x1 or y0 > y1:
+        return
+    band = np.ones((y1 - y0 + 1, x1 - x0 + 1), dtype=bool)
+    if w / 2 > edge_x and h / 2 > edge_y:
+        ix0 = max(int(round(cx - w / 2 + edge_x)), x0)
+        iy0 = max(int(round(cy - h / 2 + edge_y)), y0)
+        ix1 = min(int(round(cx + w / 2 - edge_x)), x1)
+        iy1 = min(int(round(cy + h / 2 - edge_y)), y1)
+        if ix0 <= ix1 and iy0 <= iy1:  # the shrunk box may lie wholly off the image
+            band[iy0 - y0:iy1 - y0 + 1, ix0 - x0:ix1 - x0 + 1] = False
+    region = canvas[y0:y1 + 1, x0:x1 + 1]
+    region[band] = ((1.0 - BAND_OPACITY) * region[band]
+                    + BAND_OPACITY * np.asarray(colour, dtype=np.float64)).astype(np.uint8)

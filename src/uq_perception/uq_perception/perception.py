@@ -1,7 +1,8 @@
 """The perception pipeline: detector backend + NTK-GP uncertainty + tracking (ROS-free).
 
 One call per camera frame: the backend detects, the GP attaches to each detection's
-embedding and logits, the tracker assigns ids. The detector node adapts this to ROS; the
+embedding and logits (and, through its box calibration, a standard deviation to each box
+coordinate), the tracker assigns ids. The detector node adapts this to ROS; the
 benchmarks and evaluators use it directly, so what is measured is what the node runs.
 """
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from uq_perception.backends import InferenceBackend
+from uq_perception.box_uncertainty import box_std, cell_size
 from uq_perception.detector import Detections
 from uq_perception.ntk import LastLayerNTKGP, UncertaintyOutput
 from uq_perception.tracking import IoUTracker
@@ -37,6 +39,10 @@ class FrameResult:
     forward_ms
         The part of it in the backend's call (preprocess, network forward, decode): what
         the detector costs without uncertainty, the reference for the node's overhead.
+    box_std
+        ``(K, 4)`` float32 standard deviation of ``center_x, center_y, width, height`` in
+        pixels (``uq_perception.box_uncertainty``); zeros when the GP state has no box
+        calibration.
     """
 
     detections: Detections
@@ -45,6 +51,7 @@ class FrameResult:
     class_names: list[str]
     inference_ms: float
     forward_ms: float
+    box_std: np.ndarray
 
     def __len__(self) -> int:
         return len(self.detections)
@@ -93,9 +100,12 @@ class UncertaintyPerception:
         # The GP's head can have grown classes through online labels; its logits are the
         # ones that match its class list.
         uncertainty = self.gp.predict(detections.embeddings)
+        stds = box_std(detections.boxes, uncertainty.gp_variance, self.gp.box_calibration,
+                       cell_size(self.backend.model.input_size, image_rgb.shape[:2]))
         if self.tracker is not None:
             track_ids = self.tracker.update(detections.boxes)
         else:
             track_ids = np.full(len(detections), -1, dtype=np.int64)
         return FrameResult(detections, uncertainty, track_ids, list(self.gp.class_names),
-                           (time.perf_counter() - start) * 1e3, (forward_end - start) * 1e3)
+                           (time.perf_counter() - start) * 1e3, (forward_end - start) * 1e3,
+                           stds)

@@ -413,16 +413,29 @@ def _commit_of(path: Path) -> str:
 def _fit_gp_on_splits(model: CenterNetDetector, model_id: str, train: DetectionSplit,
                       val: DetectionSplit, seed: int, progress: bool, log: Any
                       ) -> tuple[LastLayerNTKGP, dict[str, Any]]:
+    from uq_perception.box_uncertainty import calibrate_box_uncertainty
+    from uq_perception.detection_scoring import OPERATING_MAX_DETECTIONS, OPERATING_THRESHOLD
+
     train_phi, train_y = object_embeddings(model, train, progress=progress)
     val_phi, val_y = object_embeddings(model, val, progress=progress)
     gp, candidates = fit_gp(model, model_id, train_phi, train_y, val_phi, val_y, seed=seed,
                             log=log)
+    box = calibrate_box_uncertainty(model, gp, val, OPERATING_THRESHOLD,
+                                    OPERATING_MAX_DETECTIONS, progress=progress)
+    if box is None:
+        log('box uncertainty not calibrated: too few validation detections match an object '
+            '(box_std stays 0)')
+    else:
+        log(f'box uncertainty calibrated on {box.samples} validation detections: noise '
+            f'{[round(v, 5) for v in box.noise]}, GP-variance scale '
+            f'{[round(v, 5) for v in box.scale]} ({", ".join(box.coordinates)})')
     summary = {'embeddings': 'matched detections; ground-truth boxes for missed objects',
                'gating': gp.config.gating.value, 'num_experts': gp.num_experts,
                'candidates': [asdict(c) for c in candidates],
                'train_objects': int(len(train_y)), 'val_objects': int(len(val_y)),
                'ood_threshold': gp.ood_threshold, 'probit_lambda': gp.probit_lambda,
-               'temperature': gp.temperature}
+               'temperature': gp.temperature,
+               'box_calibration': None if box is None else box.to_meta()}
     return gp, summary
 
 

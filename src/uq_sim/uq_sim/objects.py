@@ -30,6 +30,13 @@ UNKNOWN_CLASSES: tuple[str, ...] = ('torus', 'cone', 'tetrahedron', 'dumbbell', 
 AUXILIARY_CLASSES: tuple[str, ...] = ('rock', 'block_stack', 'slab', 'sticks', 'pile', 'arch',
                                       'stool')
 ALL_CLASSES: tuple[str, ...] = KNOWN_CLASSES + UNKNOWN_CLASSES + AUXILIARY_CLASSES
+# Held-out unknown shape families, generated from a seed by :mod:`uq_sim.procedural_objects`
+# for `uq eval detector --procedural-unknowns`. No dataset split holds them, so they are
+# not in ALL_CLASSES (the categories of the dataset contract); their category ids start
+# at PROCEDURAL_CATEGORY_BASE, clear of the dataset's ids.
+PROCEDURAL_CLASSES: tuple[str, ...] = ('procedural_hull', 'procedural_superquadric',
+                                       'procedural_union')
+PROCEDURAL_CATEGORY_BASE = 101
 
 
 def supercategory(class_name: str) -> str:
@@ -40,17 +47,22 @@ def supercategory(class_name: str) -> str:
         return 'unknown'
     if class_name in AUXILIARY_CLASSES:
         return 'auxiliary'
+    if class_name in PROCEDURAL_CLASSES:
+        return 'unknown'
     raise ValueError(f'unknown object class {class_name!r}; expected one of {ALL_CLASSES}')
 
 
 def category_id(class_name: str) -> int:
-    """COCO category id of a class: known 1..6, unknown 7..11, auxiliary 12.. .
+    """COCO category id of a class: known 1..6, unknown 7..11, auxiliary 12.., procedural
+    101.. .
 
     Raises
     ------
     ValueError
         If the class is not in the library.
     """
+    if class_name in PROCEDURAL_CLASSES:
+        return PROCEDURAL_CATEGORY_BASE + PROCEDURAL_CLASSES.index(class_name)
     if class_name not in ALL_CLASSES:
         raise ValueError(f'unknown object class {class_name!r}; expected one of {ALL_CLASSES}')
     return ALL_CLASSES.index(class_name) + 1
@@ -440,6 +452,10 @@ def _shape(class_name: str, rng: np.random.Generator) -> tuple[tuple[GeomSpec, .
         return (GeomSpec(GeomType.MESH, mesh=mesh),), np.eye(3)
     if class_name in AUXILIARY_CLASSES:
         return _auxiliary_shape(class_name, rng), np.eye(3)
+    if class_name in PROCEDURAL_CLASSES:
+        # Imported here: that module builds on this one.
+        from uq_sim.procedural_objects import procedural_shape
+        return procedural_shape(class_name, rng)
     raise ValueError(f'unknown object class {class_name!r}; expected one of {ALL_CLASSES}')
 
 
@@ -553,7 +569,8 @@ def make_object(name: str, class_name: str, xy: tuple[float, float], rng: np.ran
     name : str
         Unique instance name.
     class_name : str
-        One of :data:`ALL_CLASSES`.
+        One of :data:`ALL_CLASSES`, or a held-out family of :data:`PROCEDURAL_CLASSES`
+        (a new random shape from ``rng``, :mod:`uq_sim.procedural_objects`).
     xy : tuple of float
         Table position, metres.
     rng : numpy.random.Generator

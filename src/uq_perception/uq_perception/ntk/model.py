@@ -105,6 +105,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from uq_perception.ntk.box_calibration import BoxCalibration
 from uq_perception.ntk.config import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -187,6 +188,9 @@ class LastLayerNTKGP:
         self.ood_threshold: float | None = None
         self.probit_lambda = float(config.probit_lambda)
         self.temperature = 1.0
+        # Variance of a box head's outputs from the shared kernel term (box_calibration.py);
+        # None (states written before it existed) means box uncertainty is not estimated.
+        self.box_calibration: BoxCalibration | None = None
         # Identifiers of the labels applied by update(), persisted with the state, so that a
         # label delivered twice (a retry after a lost answer) is applied once.
         self.applied_updates: list[str] = []
@@ -322,6 +326,8 @@ class LastLayerNTKGP:
                 raise
             self._updates[:] = 0
             self._fitted = True
+            # The box calibration scales this posterior's variances; a new one voids it.
+            self.box_calibration = None
             return self
 
     def _needs_kmeans(self) -> bool:
@@ -769,6 +775,8 @@ class LastLayerNTKGP:
                 'config': config, 'ood_threshold': self.ood_threshold,
                 'probit_lambda': self.probit_lambda, 'temperature': self.temperature,
                 'applied_updates': self.applied_updates,
+                'box_calibration': None if self.box_calibration is None
+                else self.box_calibration.to_meta(),
             }
             arrays = {
                 'weight': self._weight, 'bias': self._bias, 'centroids': self._centroids,
@@ -815,6 +823,10 @@ class LastLayerNTKGP:
         if model_id is not None and str(model_id) != model.model_id:
             raise ValueError(f'{path}: model id mismatch: file has {model.model_id!r}, '
                              f'expected {model_id!r}')
+        if model.box_calibration is None:
+            logger.info('%s has no box calibration (written before box uncertainty existed): '
+                        'box_std is 0; refit the GP with `uq train --gp-only` to estimate it',
+                        path)
         return model
 
     @classmethod
@@ -856,6 +868,8 @@ class LastLayerNTKGP:
         model.probit_lambda = float(meta['probit_lambda'])
         model.temperature = float(meta['temperature'])
         model.applied_updates = [str(u) for u in meta.get('applied_updates', [])]
+        box_meta = meta.get('box_calibration')
+        model.box_calibration = None if box_meta is None else BoxCalibration.from_meta(box_meta)
         model._refresh_gating_cache()
         model._refactor(range(m))
         model._fitted = True

@@ -103,5 +103,7 @@ def gp_variance_torch(features: torch.Tensor, centroids: torch.Tensor,
         expert_id = distance.argmin(1)
     phi = torch.cat([features, torch.ones_like(features[:, :1])], dim=1)
     selected = precision_inverse[expert_id]
-    variance = torch.einsum('bp,bpq,bq->b', phi, selected, phi)
+    # bmm, not einsum: with opt_einsum installed (laplace-torch brings it), torch.einsum
+    # plans its contraction on concrete sizes and export then pins the batch dimension.
+    variance = (torch.bmm(phi.unsqueeze(1), selected).squeeze(1) * phi).sum(1)
     return variance.clamp_min(0.0), expert_id
