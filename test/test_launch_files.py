@@ -262,7 +262,7 @@ def test_replay_launch_answers_every_frame_of_a_bag_then_ends(launch, tmp_path):
                     '--duration', '3', '--rate', '10', '--no-progress'], check=True,
                    capture_output=True, timeout=300, env=dict(os.environ, MUJOCO_GL='egl'))
     run = launch('uq_bringup', 'replay.launch.py', f'bag:={bag}', 'ask_for_help:=false',
-                 f'replay_args:=--record {out}')
+                 f'replay_args:=--rate 0.5 --record {out}')
     # The launch ends by itself when the replay ends (shutdown_at_end), every node cleanly.
     assert run.finish(timeout_s=300) == 0, run.output
     assert run.output.index('detector_node is active') < run.output.index('uq_replay'), \
