@@ -78,6 +78,22 @@ def _safe_auroc(scores: np.ndarray, labels: np.ndarray) -> float | None:
     return rounded(auroc(scores, labels))
 
 
+UNCERTAINTY_SIGNALS = ('gp_variance', 'mutual_information', 'predictive_entropy',
+                       'max_softmax')
+
+
+def append_uncertainty_signals(signals: dict[str, list[float]], gp: LastLayerNTKGP,
+                               embeddings: np.ndarray, logits: np.ndarray) -> None:
+    """Append each detection's score under every :data:`UNCERTAINTY_SIGNALS` name (higher:
+    more uncertain; max-softmax as one minus the top probability)."""
+    out = gp.predict(embeddings, logits)
+    signals['gp_variance'] += out.gp_variance.tolist()
+    signals['mutual_information'] += out.mutual_information.tolist()
+    signals['predictive_entropy'] += out.predictive_entropy.tolist()
+    z = np.exp(logits - logits.max(axis=1, keepdims=True))
+    signals['max_softmax'] += (1.0 - z.max(axis=1) / z.sum(axis=1)).tolist()
+
+
 def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
                          test: DetectionSplit, test_unknown: DetectionSplit,
                          score_threshold: float = OPERATING_THRESHOLD,
@@ -93,8 +109,7 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
                          progress=progress)
     found: dict[int, list[bool]] = {}
     known_found: list[bool] = []
-    signals: dict[str, list[float]] = {'gp_variance': [], 'mutual_information': [],
-                                       'predictive_entropy': [], 'max_softmax': []}
+    signals: dict[str, list[float]] = {name: [] for name in UNCERTAINTY_SIGNALS}
     is_unknown: list[bool] = []
     matched_category: list[int] = []
     for i, det_index, obj_index in _matched_objects(test_unknown, dets):
@@ -109,13 +124,8 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
                 known_found.append(bool(hit[k]))
         if det_index.size == 0:
             continue
-        out = gp.predict(dets[i].embeddings[det_index], dets[i].logits[det_index])
-        signals['gp_variance'] += out.gp_variance.tolist()
-        signals['mutual_information'] += out.mutual_information.tolist()
-        signals['predictive_entropy'] += out.predictive_entropy.tolist()
-        logits = dets[i].logits[det_index]
-        z = np.exp(logits - logits.max(axis=1, keepdims=True))
-        signals['max_softmax'] += (1.0 - z.max(axis=1) / z.sum(axis=1)).tolist()
+        append_uncertainty_signals(signals, gp, dets[i].embeddings[det_index],
+                                   dets[i].logits[det_index])
         is_unknown += unknown[obj_index].tolist()
         matched_category += test_unknown.category_ids[i][obj_index].tolist()
     all_unknown = [h for hits in found.values() for h in hits]

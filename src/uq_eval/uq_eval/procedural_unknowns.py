@@ -92,7 +92,12 @@ def evaluate_procedural_unknowns(model: CenterNetDetector, gp: LastLayerNTKGP, c
     ValueError
         As :func:`render_procedural_split`.
     """
-    from uq_eval.detector_eval import _matched_objects, _safe_auroc
+    from uq_eval.detector_eval import (
+        UNCERTAINTY_SIGNALS,
+        _matched_objects,
+        _safe_auroc,
+        append_uncertainty_signals,
+    )
     from uq_sim.objects import PROCEDURAL_CLASSES
 
     split = render_procedural_split(count, seed, model.input_size, model.class_names,
@@ -100,8 +105,7 @@ def evaluate_procedural_unknowns(model: CenterNetDetector, gp: LastLayerNTKGP, c
     dets = predict_split(model, split, score_threshold, max_detections, progress=progress)
     found: dict[str, list[bool]] = {name: [] for name in PROCEDURAL_CLASSES}
     ignored = 0
-    signals: dict[str, list[float]] = {'gp_variance': [], 'mutual_information': [],
-                                       'predictive_entropy': [], 'max_softmax': []}
+    signals: dict[str, list[float]] = {name: [] for name in UNCERTAINTY_SIGNALS}
     is_unknown: list[bool] = []
     family: list[str] = []
     for i, det_index, obj_index in _matched_objects(split, dets):
@@ -115,13 +119,8 @@ def evaluate_procedural_unknowns(model: CenterNetDetector, gp: LastLayerNTKGP, c
                 found[split.category_names[int(split.category_ids[i][k])]].append(bool(hit[k]))
         if det_index.size == 0:
             continue
-        out = gp.predict(dets[i].embeddings[det_index], dets[i].logits[det_index])
-        signals['gp_variance'] += out.gp_variance.tolist()
-        signals['mutual_information'] += out.mutual_information.tolist()
-        signals['predictive_entropy'] += out.predictive_entropy.tolist()
-        logits = dets[i].logits[det_index]
-        z = np.exp(logits - logits.max(axis=1, keepdims=True))
-        signals['max_softmax'] += (1.0 - z.max(axis=1) / z.sum(axis=1)).tolist()
+        append_uncertainty_signals(signals, gp, dets[i].embeddings[det_index],
+                                   dets[i].logits[det_index])
         is_unknown += unknown[obj_index].tolist()
         family += [split.category_names[int(c)] for c in split.category_ids[i][obj_index]]
     labels = np.array(is_unknown, dtype=bool)

@@ -322,6 +322,24 @@ def star_prism_mesh(outer: float, inner: float, thickness: float, points: int = 
     return prism_mesh(np.stack([rad * np.cos(ang), rad * np.sin(ang)], axis=1), thickness)
 
 
+def uv_sphere_faces(n_lat: int, n_lon: int) -> np.ndarray:
+    """Outward triangles of a UV sphere whose vertices are: the top pole, ``n_lat - 1``
+    rings of ``n_lon`` vertices from the top down, then the bottom pole."""
+    bottom = 1 + (n_lat - 1) * n_lon
+
+    def v(i: int, j: int) -> int:  # ring i (0 = nearest the top), longitude j
+        return 1 + i * n_lon + j % n_lon
+
+    faces = []
+    for j in range(n_lon):
+        faces.append((0, v(0, j), v(0, j + 1)))
+        faces.append((bottom, v(n_lat - 2, j + 1), v(n_lat - 2, j)))
+        for i in range(n_lat - 2):
+            faces += [(v(i, j), v(i + 1, j), v(i + 1, j + 1)),
+                      (v(i, j), v(i + 1, j + 1), v(i, j + 1))]
+    return np.asarray(faces, dtype=int)
+
+
 def rock_mesh(semi_axes: tuple[float, float, float], rng: np.random.Generator,
               bumpiness: float = 0.3, n_lat: int = 7, n_lon: int = 12) -> Mesh:
     """Irregular lump: a coarse UV sphere with random low-frequency radial bumps.
@@ -344,19 +362,7 @@ def rock_mesh(semi_axes: tuple[float, float, float], rng: np.random.Generator,
     phase = rng.uniform(0.0, 2 * math.pi, 3)
     radius = 1.0 + bumpiness * (weights * np.cos(dirs @ waves.T * freq + phase)).sum(axis=1)
     verts = dirs * radius[:, None] * np.asarray(semi_axes)
-    top, bottom = 0, len(dirs) - 1
-
-    def v(i: int, j: int) -> int:  # ring i (0 = nearest the top), longitude j
-        return 1 + i * n_lon + j % n_lon
-
-    faces = []
-    for j in range(n_lon):
-        faces.append((top, v(0, j), v(0, j + 1)))
-        faces.append((bottom, v(n_lat - 2, j + 1), v(n_lat - 2, j)))
-        for i in range(n_lat - 2):
-            faces += [(v(i, j), v(i + 1, j), v(i + 1, j + 1)),
-                      (v(i, j), v(i + 1, j + 1), v(i, j + 1))]
-    return Mesh(verts, np.asarray(faces, dtype=int))
+    return Mesh(verts, uv_sphere_faces(n_lat, n_lon))
 
 
 def mesh_volume(mesh: Mesh) -> float:

@@ -30,7 +30,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy.spatial import ConvexHull
 
-from uq_sim.objects import PROCEDURAL_CLASSES, Finish, GeomSpec, GeomType, Mesh
+from uq_sim.objects import (
+    PROCEDURAL_CLASSES,
+    Finish,
+    GeomSpec,
+    GeomType,
+    Mesh,
+    uv_sphere_faces,
+)
 
 if TYPE_CHECKING:
     from uq_sim.scene import ObjectAnnotation, SceneRenderer, SceneSpec
@@ -191,19 +198,7 @@ def superquadric_mesh(semi_axes: tuple[float, float, float], e1: float, e2: floa
     y = b * scale * ring * _signed_power(np.sin(ll), e2)
     rings = np.stack([x, y, z], axis=-1).reshape(-1, 3)
     vertices = np.vstack([[[0.0, 0.0, c]], rings, [[0.0, 0.0, -c]]])
-    top, bottom = 0, len(vertices) - 1
-
-    def v(i: int, j: int) -> int:  # ring i (0 = nearest the top), longitude j
-        return 1 + i * n_lon + j % n_lon
-
-    faces = []
-    for j in range(n_lon):
-        faces.append((top, v(0, j), v(0, j + 1)))
-        faces.append((bottom, v(n_lat - 2, j + 1), v(n_lat - 2, j)))
-        for i in range(n_lat - 2):
-            faces += [(v(i, j), v(i + 1, j), v(i + 1, j + 1)),
-                      (v(i, j), v(i + 1, j + 1), v(i, j + 1))]
-    mesh = Mesh(vertices, np.asarray(faces, dtype=int))
+    mesh = Mesh(vertices, uv_sphere_faces(n_lat, n_lon))
     return Mesh(vertices - mesh_centroid(mesh), mesh.faces)
 
 
