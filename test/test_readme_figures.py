@@ -45,6 +45,8 @@ QUOTED = [
     ("deep ensemble's {} / {} / {}", MNIST, _ood('ensemble'), '.3f'),
     ('cost {}x a forward pass (target 1.1', MNIST, [('methods', 'ntk_gp_norm', 'cost_ratio')],
      '.3f'),
+    ('laplace-torch 0.3 last-layer KFAC GLM probit {} / {} / {}', MNIST,
+     _ood('laplace_last_layer'), '.3f'),
 ]
 
 
