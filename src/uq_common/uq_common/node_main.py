@@ -36,11 +36,12 @@ def _shutdown_on_signals(context: Any):
 
     rclpy's own handler wakes executors first and shuts contexts down after, from another
     thread: an executor woken in between finds its context still valid and waits again,
-    for ever, and the node ignores the signal (seen about one run in five under replay
-    load). ``Context.try_shutdown`` shuts down first, then runs the context's on-shutdown
-    callbacks, which wake the executor and the detector's image thread. Python handlers
-    only run when the main thread executes bytecode, which a blocked ``rcl_wait`` never
-    does, so the signal reaches a watcher thread through the wakeup file descriptor.
+    for ever, and the node ignores the signal. ``Context.try_shutdown`` shuts down first,
+    then runs the context's on-shutdown callbacks, which wake the executor and the
+    detector's image thread. Python handlers only run when the main thread executes
+    bytecode, which a blocked ``rcl_wait`` never does, so the signal reaches a watcher
+    thread through the wakeup file descriptor. A repeated signal changes nothing: under
+    ``ros2 launch`` one Ctrl-C reaches each node twice (from the terminal and from launch).
     """
     stop_signals = (signal.SIGINT, signal.SIGTERM)
     read_fd, write_fd = os.pipe()
