@@ -10,18 +10,16 @@ answer in this process (system clock); how long this harness's own executor then
 run the callback is reported apart, since it is not the node's. In the same run, once a
 frame's answer is in, the same model in this process runs the bare backend call (preprocess
 + forward + decode) on the same frame in what is left of its period, so the node overhead is
-a ratio of two figures measured side by side, frame by frame: timed in two separate phases,
-the forward p50 drifted by up to 1 ms (7 %) between phases on this machine, as much as the
-overhead itself.
+a ratio of two figures measured side by side, frame by frame (timed in separate phases,
+the forward pass drifts by as much as the overhead itself; docs/performance.md).
 
 Three overhead ratios are reported (overhead: latency less the forward pass, over it).
 ``node_overhead_ratio`` is end to end, from the harness's publish call to the answer's
 arrival, so it also holds both DDS transports between the processes and the harness's own
 publish call for each image (``harness_publish_p50_ms``), against the bare forward timed in
 this process. Its two terms come from two processes, whose forward passes on the same
-frames differed by -0.3 to +0.6 ms within a run in 25 runs here (``node_forward_p50_ms``
-against ``forward_p50_ms``; mostly the node's slower, as it runs after the idle time between
-frames and this one right after the node's answer), which moves it by up to 0.06.
+frames differ a little (``node_forward_p50_ms`` against ``forward_p50_ms``: the node's runs
+after the idle time between frames, this one right after the node's answer).
 ``end_to_end_over_node_forward_ratio`` is the same latency against the node's own backend
 calls on the same frames (the same call as the bare forward, timed in the node).
 ``node_side_overhead_ratio`` is what happens inside the node, timed there frame by frame:
