@@ -150,8 +150,10 @@ def test_the_x86_image_installs_every_pip_only_module():
                       doc.read_text(encoding='utf-8'), re.MULTILINE) if doc.is_file() else []
     if not rows:
         pytest.skip('docs/dependencies.md has no pip-only table')
-    # Modules only the tests use (the note says so) are not part of the image.
-    rows = [(module, package) for module, package, note in rows if '(tests' not in note]
+    # Modules only the tests use, and optional extras such as laplace-torch for a
+    # benchmark (the note says which), are not part of the image.
+    rows = [(module, package) for module, package, note in rows
+            if '(tests' not in note and '(optional' not in note]
     steps = ' '.join(_run_steps(DOCKERFILES[0]))
     gpu = (WORKSPACE / 'requirements' / 'gpu.in').read_text(encoding='utf-8')
     for module, pip_package in rows:
