@@ -238,20 +238,13 @@ def test_a_person_answers_in_the_browser_and_the_detector_learns_the_object(
     assert 'Traceback' not in helper.output + detector.output
 
 
-def _call(client: Any, request: Any, timeout: float = 10.0) -> Any:
-    future = client.call_async(request)
-    end = time.monotonic() + timeout
-    while not future.done() and time.monotonic() < end:
-        time.sleep(0.01)
-    return future.result() if future.done() else None
-
-
 @pytest.mark.slow
 def test_labels_acknowledged_before_a_sigkill_are_stored_exactly_once(tmp_path, env):
     import rclpy
     from rclpy.executors import SingleThreadedExecutor
 
     from uq_autonomy.label_store import LabelStore, PendingRequest
+    from uq_common.service_calls import call_until_answered
     from uq_msgs.srv import ProvideLabel
 
     store_path = tmp_path / 'labels.sqlite3'
@@ -274,18 +267,21 @@ def test_labels_acknowledged_before_a_sigkill_are_stored_exactly_once(tmp_path, 
     try:
         helper.wait_for_line('asking for help', 60)
         assert client.wait_for_service(timeout_sec=30)
-        # Bad answers are refused with a reason, and the node keeps serving.
+        # Bad answers are refused with a reason, and the node keeps serving. Refusals are
+        # idempotent, so a response lost in discovery is asked for again.
         for rid, label, needle in (('no-such-request', 'mug', 'unknown'),
                                    (ids[0], '', 'empty'), (ids[0], 'x' * 10_000, 'long')):
-            response = _call(client, ProvideLabel.Request(request_id=rid, label=label,
-                                                          labeler='test'))
-            assert response is not None and not response.accepted
+            response = call_until_answered(
+                client, ProvideLabel.Request(request_id=rid, label=label, labeler='test'))
+            assert response is not None, f'no answer; node output:\n{helper.output[-3000:]}'
+            assert not response.accepted
             assert needle in response.message.lower(), response.message
         killer = threading.Timer(1.5, lambda: os.killpg(helper.proc.pid, signal.SIGKILL))
         killer.start()
         for rid in ids:
-            response = _call(client, ProvideLabel.Request(request_id=rid, label='mug',
-                                                          labeler='burst'), timeout=3.0)
+            response = call_until_answered(
+                client, ProvideLabel.Request(request_id=rid, label='mug', labeler='burst'),
+                attempt_timeout_s=3.0, timeout_s=3.0)
             if response is None:
                 break
             assert response.accepted, response.message

@@ -19,8 +19,9 @@ Serves
     the message says whether the detector has learnt it yet.
 Calls
     ``teach_object`` (uq_msgs/TeachObject) of the detector with each stored label and its
-    embedding; labels the detector has not acknowledged (it was down, or restarted) are sent
-    again every ``teach_retry_period_s`` until it has (the detector applies a label once).
+    embedding; labels the detector has not acknowledged (it was down, or restarted, or its
+    response was lost) are sent again every ``teach_retry_period_s`` until it has (the
+    detector applies a label once).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from uq_common.image_codec import ImageFormatError, image_to_rgb, rgb_to_image_f
 from uq_common.node_main import node_argument_parser, run_node
 from uq_common.parameters import ParameterSpec, declare_parameters, first_invalid
 from uq_common.qos import HELP_REQUEST_QOS
+from uq_common.service_calls import ResendingCalls
 from uq_msgs.msg import DetectionArray, HelpRequest
 from uq_msgs.srv import ProvideLabel, TeachObject
 
@@ -220,7 +222,6 @@ class AskForHelpNode(Node):
         self._images: OrderedDict[tuple[int, int], Image] = OrderedDict()
         self._detections_by_request: dict[str, Any] = {}
         self._unacknowledged: OrderedDict[str, LabelRecord] = OrderedDict()
-        self._teaching: set[str] = set()
         self._counters = {'requests': 0, 'no_image': 0, 'labels': 0, 'taught': 0,
                           'teach_refused': 0, 'store_errors': 0, 'malformed': 0,
                           'follow_ups': 0}
@@ -241,6 +242,8 @@ class AskForHelpNode(Node):
         self._teach_group = MutuallyExclusiveCallbackGroup()
         self._teach_client = self.create_client(TeachObject, self._params['teach_service'],
                                                 callback_group=self._teach_group)
+        self._teach_calls = ResendingCalls(self._teach_client,
+                                           self._params['teach_retry_period_s'])
         self.create_timer(self._params['teach_retry_period_s'], self._teach_pending,
                           callback_group=self._teach_group)
         self.create_timer(self._params['diagnostics_period_s'], self._publish_diagnostics)
@@ -471,19 +474,13 @@ class AskForHelpNode(Node):
             return
         if not self._teach_client.service_is_ready():
             return  # retried by _teach_pending
-        with self._lock:
-            if record.request_id in self._teaching:
-                return
-            self._teaching.add(record.request_id)
         request = TeachObject.Request(request_id=record.request_id, label=record.label,
                                       embedding=np.asarray(record.embedding, np.float32)
                                       .tolist(), model_id=record.model_id)
-        future = self._teach_client.call_async(request)
-        future.add_done_callback(lambda f, r=record: self._on_taught(r, f))
+        self._teach_calls.send(record.request_id, request,
+                               lambda f, r=record: self._on_taught(r, f))
 
     def _on_taught(self, record: LabelRecord, future: Any) -> None:
-        with self._lock:
-            self._teaching.discard(record.request_id)
         try:
             response = future.result()
         except Exception as exc:  # the call failed on the transport; retried later
@@ -523,6 +520,9 @@ class AskForHelpNode(Node):
         future.add_done_callback(done)
 
     def _teach_pending(self) -> None:
+        for request_id, attempt in self._teach_calls.resend_overdue():
+            self.get_logger().warn(f'no answer from the detector to label {request_id}; '
+                                   f'sent again (attempt {attempt})')
         with self._lock:
             records = list(self._unacknowledged.values())
         for record in records:

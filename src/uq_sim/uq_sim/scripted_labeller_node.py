@@ -7,7 +7,8 @@ Adapts :class:`uq_sim.scripted_labeller.ScriptedLabeller` to ROS:
 - ``ground_truth`` (uq_msgs/DetectionArray, in; reliable, from ``sim_camera_node``, same
   stamp as the image the detections were made on);
 - ``provide_label`` (uq_msgs/ProvideLabel, client): the answer, ``answer_delay_s`` after the
-  request arrived, with labeler ``labeler``.
+  request arrived, with labeler ``labeler``; an answer with no response within
+  ``response_timeout_s`` is sent again (the ask-for-help node stores a repeated answer once).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from uq_common.node_main import node_argument_parser, run_node
 from uq_common.parameters import ParameterSpec, declare_parameters, first_invalid
 from uq_common.qos import HELP_REQUEST_QOS
+from uq_common.service_calls import ResendingCalls
 from uq_msgs.msg import DetectionArray, HelpRequest
 from uq_msgs.srv import ProvideLabel
 from uq_sim.scripted_labeller import (
@@ -64,6 +66,8 @@ PARAMETERS = [
                   read_only=True, check=_not_empty),
     ParameterSpec('period_s', 0.05, 'How often due answers are sent, seconds.',
                   min_value=0.005, max_value=10.0, read_only=True),
+    ParameterSpec('response_timeout_s', 5.0, 'Seconds without a response after which an '
+                  'answer is sent again.', min_value=0.1, max_value=3600.0, read_only=True),
 ]
 _SPECS = {spec.name: spec for spec in PARAMETERS}
 TRUTH_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=50,
@@ -99,6 +103,7 @@ class ScriptedLabellerNode(Node):
         self._labeller = ScriptedLabeller(labeller_config(self._params))
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self._client = self.create_client(ProvideLabel, self._params['service'])
+        self._calls = ResendingCalls(self._client, self._params['response_timeout_s'])
         self._unsent: list[LabelAnswer] = []
         self.create_subscription(HelpRequest, 'help_request', self._on_request, HELP_REQUEST_QOS)
         self.create_subscription(DetectionArray, 'ground_truth', self._on_truth, TRUTH_QOS)
@@ -142,6 +147,9 @@ class ScriptedLabellerNode(Node):
                                        f'{answer.why}')
             else:
                 self._unsent.append(answer)
+        for request_id, attempt in self._calls.resend_overdue():
+            self.get_logger().warn(f'no response to the answer to {request_id}; sent again '
+                                   f'(attempt {attempt})')
         if not self._unsent:
             return
         if not self._client.service_is_ready():
@@ -152,8 +160,8 @@ class ScriptedLabellerNode(Node):
         for answer in self._unsent:
             request = ProvideLabel.Request(request_id=answer.request_id, label=answer.label,
                                            labeler=self._params['labeler'])
-            future = self._client.call_async(request)
-            future.add_done_callback(lambda f, a=answer: self._on_answered(a, f))
+            self._calls.send(answer.request_id, request,
+                             lambda f, a=answer: self._on_answered(a, f))
         self._unsent = []
 
     def _on_answered(self, answer: LabelAnswer, future: Any) -> None:
