@@ -216,6 +216,32 @@ def test_eval_is_deterministic(sim_bag, tmp_path):
     assert a['help_requests'] == b['help_requests']
 
 
+def test_a_failure_in_a_replay_stage_is_raised_and_stops_every_thread(sim_bag):
+    """The replay runs on two threads and a process; a failing stage must not leave one
+    blocked."""
+    import multiprocessing
+    import threading
+
+    from uq_eval.bag_eval import BagEvaluator, load_shipped_perception, run_evaluation
+    from uq_eval.bag_reader import BagStream
+
+    class FailsOnThirdFrame(BagEvaluator):
+        def record(self, stamp, *args, **kwargs):
+            if len(self.data.frames) == 2:
+                raise RuntimeError('record failed on frame 3')
+            super().record(stamp, *args, **kwargs)
+
+    stream = BagStream(sim_bag)
+    try:
+        evaluator = FailsOnThirdFrame(load_shipped_perception(), bag_name=sim_bag.name)
+        with pytest.raises(RuntimeError, match='frame 3'):
+            run_evaluation(stream, evaluator, progress=False, repeat=50)
+    finally:
+        stream.close()
+    assert not [t.name for t in threading.enumerate() if t.name.startswith('bag-')]
+    assert not multiprocessing.active_children()
+
+
 @pytest.mark.parametrize(('storage', 'encoding'), [('sqlite3', 'bgr8'), ('mcap', 'mono8')])
 def test_rosbags_written_bag_without_ground_truth(sim_frames, tmp_path, storage, encoding):
     typestore = uq_typestore()

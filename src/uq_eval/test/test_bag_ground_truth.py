@@ -286,7 +286,9 @@ def test_bench_reports_rates_their_ratio_and_peak_memory(tmp_path, capsys):
     assert uq('eval', 'bag', str(bag), '--out', str(out), '--bench', '--no-progress') == 0
     printed = capsys.readouterr().out
     bench = _report(out)['bench']
-    assert bench['frames'] == 3
+    assert bench['bag_frames'] == 3
+    assert bench['passes_per_round'] == 100 and bench['rounds'] == 3  # 300 frames a round
+    assert bench['frames'] == 900
     keys = ('replay_frames_per_s', 'bare_forward_frames_per_s', 'replay_over_forward',
             'peak_rss_mib_1x', 'peak_rss_mib_10x')
     for key in keys:

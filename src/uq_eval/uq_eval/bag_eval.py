@@ -22,9 +22,12 @@ an out-of-order stamp, reported as a problem and otherwise processed in log orde
 from __future__ import annotations
 
 import math
+import queue
+import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,12 @@ TIME_JUMP_TOLERANCE_S = 1.0
 # apart than this many messages never meet, so the buffers stay small.
 _MATCH_BUFFER = 64
 MAX_CROPS = 50
+# Items (decoded frames, perception results) queued between the replay's threads.
+_PIPELINE_DEPTH = 4
+# Frames each side of one round of the replay benchmark times, at least (several passes
+# on a short bag), and its rounds.
+BENCH_MIN_FRAMES = 300
+BENCH_ROUNDS = 3
 
 
 def load_shipped_perception(torch_threads: int = 1, score_threshold: float = 0.3,
@@ -131,13 +140,10 @@ class BagEvaluator:
         self._waiting_truth: OrderedDict[float, Any] = OrderedDict()
         self._request_counter = 0
         self._out_of_order = 0
-        self._loops = 0
         self._image_log_times: OrderedDict[float, float] = OrderedDict()
 
     # --- cores ------------------------------------------------------------------------
     def _start_cores(self, now: float, width: int, height: int) -> None:
-        from dataclasses import replace
-
         from uq_autonomy.arbiter import Arbiter
         from uq_autonomy.arbitration_params import config_from_values, default_values
         from uq_autonomy.help_policy import HelpPolicy
@@ -147,17 +153,41 @@ class BagEvaluator:
         config = replace(config_from_values(values), image_width=width, image_height=height)
         self._arbiter = Arbiter(config, now)
         self._help = HelpPolicy(new_request_id=self._next_request_id)
-        if self.perception.tracker is not None:
-            self.perception.tracker.reset()
 
     def _next_request_id(self) -> str:
         self._request_counter += 1
         return f'request-{self._request_counter:04d}'
 
     # --- events -----------------------------------------------------------------------
-    def on_image(self, stamp: float, rgb: np.ndarray, log_time: float | None = None,
-                 stamp_ns: int | None = None) -> None:
-        """Process one camera frame stamped ``stamp`` seconds (logged at ``log_time``);
+    def perceive(self, stamp: float, rgb: np.ndarray) -> tuple[Any, str | None]:
+        """First stage of a frame stamped ``stamp`` seconds: the detector node's pipeline.
+
+        Returns the perception result and, when the arbiter and the help policy must restart
+        before :meth:`record` takes it, why ('' on the first frame). Frames go through
+        :meth:`perceive` in order; :meth:`record` may run elsewhere (another process), in
+        the same order, since it touches nothing this stage uses.
+        """
+        last = self._last_stamp
+        restart = None
+        if last is None:
+            restart = ''
+        elif stamp < last - TIME_JUMP_TOLERANCE_S:
+            restart = (f'time jumped back {last - stamp:.2f} s at stamp {stamp:.3f} '
+                       '(looping bag): tracker, arbiter and help policy restarted')
+        elif stamp < last:
+            self._out_of_order += 1
+        if restart is not None:
+            if self.perception.tracker is not None:
+                self.perception.tracker.reset()
+            self._last_stamp = stamp
+        else:
+            self._last_stamp = max(stamp, self._last_stamp or stamp)
+        return self.perception.process(rgb), restart
+
+    def record(self, stamp: float, frame: Any, restart: str | None, rgb: np.ndarray,
+               log_time: float | None = None, stamp_ns: int | None = None) -> None:
+        """Second stage of a frame: the message the node would publish, the arbiter, the
+        help policy and the scores. ``log_time`` is when the bag logged the image;
         ``stamp_ns``, the exact stamp, looks up its labels in a COCO ground truth."""
         if log_time is not None:
             self._image_log_times[stamp] = log_time
@@ -169,22 +199,10 @@ class BagEvaluator:
         from uq_autonomy.arbitration_node import detection_summaries
         from uq_perception.messages import detection_array_message
 
-        height, width = rgb.shape[:2]
-        last = self._last_stamp
-        if self._arbiter is None or last is None:
-            self._start_cores(stamp, width, height)
-            last = stamp
-        elif stamp < last - TIME_JUMP_TOLERANCE_S:
-            self._loops += 1
-            self.data.notes.append(
-                f'time jumped back {last - stamp:.2f} s at stamp {stamp:.3f} '
-                '(looping bag): tracker, arbiter and help policy restarted')
-            self._start_cores(stamp, width, height)
-            last = stamp
-        elif stamp < last:
-            self._out_of_order += 1
-        self._last_stamp = max(stamp, last)
-        frame = self.perception.process(rgb)
+        if restart is not None:
+            if restart:
+                self.data.notes.append(restart)
+            self._start_cores(stamp, rgb.shape[1], rgb.shape[0])
         sec = int(math.floor(stamp))
         header = Header(stamp=Time(sec=sec, nanosec=int((stamp - sec) * 1e9)))
         message = detection_array_message(frame, header, 'pytorch-cpu', self.perception.gp.model_id)
@@ -258,18 +276,16 @@ class BagEvaluator:
                 request['crop'] = f'{self.crops_dir.name}/{path.name}'
             self.data.help_requests.append(request)
 
-    def on_ground_truth(self, stamp: float, message: Any) -> None:
-        """Take one ground-truth DetectionArray (the frame with the same stamp is scored)."""
-        self._waiting_truth[stamp] = message
+    def on_ground_truth(self, stamp: float, boxes: np.ndarray, classes: list[str]) -> None:
+        """Take one frame's ground truth, boxes as centre and size with their class names
+        (the frame with the same stamp is scored)."""
+        self._waiting_truth[stamp] = (boxes, classes)
         self._match_waiting()
 
     def _match_waiting(self) -> None:
         for stamp in [s for s in self._waiting_frames if s in self._waiting_truth]:
-            truth = self._waiting_truth.pop(stamp)
-            boxes = np.array([[d.center_x, d.center_y, d.width, d.height]
-                              for d in truth.detections], dtype=np.float64).reshape(-1, 4)
-            self._score(self._waiting_frames.pop(stamp), boxes,
-                        [d.class_id for d in truth.detections], exhaustive=True)
+            boxes, classes = self._waiting_truth.pop(stamp)
+            self._score(self._waiting_frames.pop(stamp), boxes, classes, exhaustive=True)
         for buffer in (self._waiting_frames, self._waiting_truth):
             while len(buffer) > _MATCH_BUFFER:
                 buffer.popitem(last=False)
@@ -313,21 +329,30 @@ class BagEvaluator:
                 'probabilities': [float(p) for p in frame.probabilities[i]],
                 'gp_variance': float(frame.gp_variance[i])})
 
-    def on_node_detections(self, stamp: float, log_time: float, message: Any) -> None:
+    def on_node_detections(self, stamp: float, log_time: float,
+                           inference_time_ms: float) -> None:
         """A DetectionArray the running node published (from ``uq replay --record``): its
         own processing time, and the time from the image's to its receipt by the recorder."""
-        self.data.node_latencies_ms.append(float(message.inference_time_ms))
+        self.data.node_latencies_ms.append(float(inference_time_ms))
         received = self._image_log_times.get(stamp)
         if received is not None:
             self.data.node_end_to_end_ms.append(1e3 * (log_time - received))
 
-    def on_node_state(self, log_time: float, message: Any) -> None:
+    def on_node_state(self, log_time: float, level: int, reason: str) -> None:
         """An AutonomyState the running arbitration node published."""
-        self.data.node_levels.append({'log_time': log_time, 'level': int(message.level),
-                                      'reason': str(message.reason)})
+        self.data.node_levels.append({'log_time': log_time, 'level': int(level),
+                                      'reason': str(reason)})
 
-    def finish(self) -> EvaluationData:
-        """Close the evaluation: notes on what could not be matched or was out of order."""
+    @property
+    def out_of_order(self) -> int:
+        """Images :meth:`perceive` saw stamped earlier than a previous one."""
+        return self._out_of_order
+
+    def finish(self, out_of_order: int | None = None) -> EvaluationData:
+        """Close the evaluation: notes on what could not be matched or was out of order
+        (``out_of_order``: the count of :meth:`perceive`'s copy, when that ran elsewhere)."""
+        if out_of_order is not None:
+            self._out_of_order = out_of_order
         if self._out_of_order:
             self.data.problems.append(
                 f'bag {self.bag_name}: {self._out_of_order} image(s) stamped earlier than a '
@@ -345,48 +370,176 @@ class BagEvaluator:
         return self.data
 
 
+def _replayed_events(stream: Any, repeat: int) -> Iterator[tuple[Any, float]]:
+    """(event, stamp) for ``repeat`` passes over the bag, each pass shifted in time so
+    stamps keep increasing."""
+    span = 0.0
+    for rep in range(repeat):
+        first = last = None
+        for event in stream.events(with_node_outputs=True):
+            stamp = event.stamp + rep * span
+            first = stamp if first is None else first
+            last = stamp
+            if rep > 0:
+                # A COCO file's labels belong to the bag's own stamps: the first pass.
+                event = replace(event, stamp_ns=None)
+            yield event, stamp
+        if rep == 0 and first is not None:
+            span = (last - first) + 1.0
+
+
+class _Handoff:
+    """A bounded queue from a reader thread that the consumer can abandon without leaving
+    the reader blocked: ``put`` gives up once :meth:`cancel` is called."""
+
+    _END = object()
+
+    def __init__(self, depth: int) -> None:
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    def put(self, item: Any) -> bool:
+        while not self._cancelled.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def end(self) -> None:
+        self.put(self._END)
+
+    def items(self) -> Iterator[Any]:
+        while True:
+            item = self._queue.get()
+            if item is self._END:
+                return
+            yield item
+
+
+def _read_ahead(stream: Any, repeat: int, depth: int) -> tuple[_Handoff, threading.Thread]:
+    """Read and decode the bag on a thread, ``depth`` events ahead."""
+    decoded = _Handoff(depth)
+
+    def read() -> None:
+        try:
+            for item in _replayed_events(stream, repeat):
+                if not decoded.put(item):
+                    return
+        finally:
+            decoded.end()
+
+    thread = threading.Thread(target=read, name='bag-reader', daemon=True)
+    thread.start()
+    return decoded, thread
+
+
+def _plain_arguments(event: Any, stamp: float) -> tuple[str, tuple] | None:
+    """The evaluator method and arguments for a non-image event, as plain values."""
+    msg = event.message
+    if event.kind == 'ground_truth':
+        boxes = np.array([[d.center_x, d.center_y, d.width, d.height] for d in msg.detections],
+                         dtype=np.float64).reshape(-1, 4)
+        return 'on_ground_truth', (stamp, boxes, [str(d.class_id) for d in msg.detections])
+    if event.kind == 'detections':
+        return 'on_node_detections', (stamp, event.log_time, float(msg.inference_time_ms))
+    if event.kind == 'autonomy_state':
+        return 'on_node_state', (event.log_time, int(msg.level), str(msg.reason))
+    return None
+
+
+def _record_in_child(evaluator: BagEvaluator, conn: Any) -> None:
+    """The recording process: run each (method, arguments) received, in order, then send
+    back ``finish()``'s data, or the first error."""
+    try:
+        while True:
+            name, args = conn.recv()
+            if name == 'finish':
+                conn.send(('data', evaluator.finish(*args)))
+                return
+            getattr(evaluator, name)(*args)
+    except (EOFError, KeyboardInterrupt):
+        return  # the replay was abandoned; it reports why
+    except Exception as exc:  # handed to the replay, which raises it
+        try:
+            conn.send(('error', exc))
+        except OSError:
+            return  # the replay is gone
+        except Exception:  # an exception that does not pickle
+            conn.send(('error', RuntimeError(f'{type(exc).__name__}: {exc}')))
+
+
 def run_evaluation(stream: Any, evaluator: BagEvaluator, progress: bool = True,
                    repeat: int = 1) -> EvaluationData:
     """Feed every event of ``stream`` (a :class:`~uq_eval.bag_reader.BagStream`) to
-    ``evaluator``, ``repeat`` times (each pass shifted in time so stamps keep increasing)."""
+    ``evaluator``, ``repeat`` times (each pass shifted in time so stamps keep increasing).
+
+    Only the perception pipeline sets the pace. A thread reads and decodes the bag ahead;
+    this thread runs :meth:`BagEvaluator.perceive`; a forked copy of ``evaluator`` in a
+    second process runs everything after it (:meth:`BagEvaluator.record`, the ground truth,
+    the nodes' outputs), in log order. A process, not a thread: that work is Python and
+    would hold the GIL the forward pass needs between its operations (in a thread it slowed
+    the forward pass by as much as the work itself). The reader's queue holds at most
+    :data:`_PIPELINE_DEPTH` frames and the pipe to the recorder a few, so memory stays
+    bounded.
+    """
+    import multiprocessing
+
     from tqdm import tqdm
 
+    # Forked before any thread of this call starts; the recorder uses neither torch nor
+    # the backend, whose state it inherits.
+    context = multiprocessing.get_context('fork')
+    conn, child_conn = context.Pipe()
+    recorder = context.Process(target=_record_in_child, args=(evaluator, child_conn),
+                               name='bag-recorder', daemon=True)
+    recorder.start()
+    child_conn.close()
+    decoded, reader = _read_ahead(stream, repeat, _PIPELINE_DEPTH)
     total = stream.image_message_count() * repeat
-    span = 0.0
-    with tqdm(total=total or None, desc=f'evaluating {stream.path.name}', unit='frame',
-              disable=not progress, mininterval=0.5) as bar:
-        for rep in range(repeat):
-            first = last = None
-            for event in stream.events(with_node_outputs=True):
-                stamp = event.stamp + rep * span
-                first = stamp if first is None else first
-                last = stamp
-                if event.kind == 'image':
-                    # A COCO file's labels belong to the bag's own stamps: the first pass.
-                    evaluator.on_image(stamp, event.rgb, event.log_time,
-                                       event.stamp_ns if rep == 0 else None)
-                    bar.update(1)
-                elif event.kind == 'ground_truth':
-                    evaluator.on_ground_truth(stamp, event.message)
-                elif event.kind == 'detections':
-                    evaluator.on_node_detections(stamp, event.log_time, event.message)
-                elif event.kind == 'autonomy_state':
-                    evaluator.on_node_state(event.log_time, event.message)
-            if rep == 0 and first is not None:
-                span = (last - first) + 1.0
-    data = evaluator.finish()
+    try:
+        try:
+            with tqdm(total=total or None, desc=f'evaluating {stream.path.name}',
+                      unit='frame', disable=not progress, mininterval=0.5) as bar:
+                for event, stamp in decoded.items():
+                    if conn.poll():
+                        break  # the recorder failed; its error is read below
+                    if event.kind == 'image':
+                        frame, restart = evaluator.perceive(stamp, event.rgb)
+                        conn.send(('record', (stamp, frame, restart, event.rgb,
+                                              event.log_time, event.stamp_ns)))
+                        bar.update(1)
+                    else:
+                        call = _plain_arguments(event, stamp)
+                        if call is not None:
+                            conn.send(call)
+                else:
+                    conn.send(('finish', (evaluator.out_of_order,)))
+        except BrokenPipeError:
+            pass  # the recorder ended early: its error, if it sent one, is read below
+        try:
+            kind, payload = conn.recv()
+        except EOFError:
+            kind, payload = 'error', RuntimeError(
+                f'bag {stream.path}: the recording process ended unexpectedly (exit code '
+                f'{recorder.exitcode})')
+    finally:
+        decoded.cancel()
+        reader.join()
+        conn.close()
+        recorder.join(timeout=10.0)
+        if recorder.is_alive():
+            recorder.kill()
+            recorder.join()
+    if kind == 'error':
+        raise payload
+    data = payload
     data.problems[:0] = stream.problems
     return data
-
-
-def warm_up_on_first_frame(stream: Any, perception: Any) -> None:
-    """One untimed backend call on the bag's first image, so that neither side of the
-    benchmark carries the first call's one-off costs."""
-    for event in stream.events():
-        if event.kind == 'image':
-            perception.backend.infer(event.rgb, perception.score_threshold,
-                                     perception.max_detections)
-            return
 
 
 def time_forward_passes(stream: Any, perception: Any) -> tuple[int, float]:
@@ -401,3 +554,35 @@ def time_forward_passes(stream: Any, perception: Any) -> tuple[int, float]:
         seconds += time.perf_counter() - start
         frames += 1
     return frames, seconds
+
+
+def bench_replay_against_forward(stream: Any, new_evaluator: Any,
+                                 min_frames: int = BENCH_MIN_FRAMES,
+                                 rounds: int = BENCH_ROUNDS) -> dict[str, Any]:
+    """Offline replay rate against the bare forward pass's, on the same frames.
+
+    ``rounds`` rounds each time bare forward passes over the bag's images, then a replay
+    (:func:`run_evaluation` with a fresh ``new_evaluator()``, no crops), both over as many
+    passes of the bag as reach ``min_frames`` frames, so that a machine whose speed drifts
+    (frequency, other jobs) weighs on both sides alike and the replay's start (opening the
+    bag, filling its queues) is spread over many frames. Run it after a first evaluation,
+    which pays the one-off costs (allocator, first calls) that neither side should carry.
+    """
+    passes = max(1, math.ceil(min_frames / max(1, stream.image_message_count())))
+    replay_frames = forward_frames = 0
+    replay_s = forward_s = 0.0
+    for _ in range(rounds):
+        evaluator = new_evaluator()
+        for _ in range(passes):
+            frames, seconds = time_forward_passes(stream, evaluator.perception)
+            forward_frames, forward_s = forward_frames + frames, forward_s + seconds
+        start = time.perf_counter()
+        data = run_evaluation(stream, evaluator, progress=False, repeat=passes)
+        replay_s += time.perf_counter() - start
+        replay_frames += len(data.frames)
+    replay_rate = replay_frames / replay_s if replay_s > 0 else float('nan')
+    forward_rate = forward_frames / forward_s if forward_s > 0 else float('nan')
+    return {'bag_frames': stream.image_message_count(), 'passes_per_round': passes,
+            'rounds': rounds, 'frames': replay_frames,
+            'replay_frames_per_s': replay_rate, 'bare_forward_frames_per_s': forward_rate,
+            'replay_over_forward': replay_rate / forward_rate}
