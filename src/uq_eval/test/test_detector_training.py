@@ -383,6 +383,14 @@ def test_run_training_and_evaluation_end_to_end(dataset, tmp_path):
     assert set(uncertainty['auroc_unknown_gp_variance_per_class']) <= {'triangle'}
     assert (uncertainty['ood_matched_unknown'] > 0) == bool(
         uncertainty['auroc_unknown_gp_variance_per_class'])
+    # The embedding lies on the sphere of radius sqrt(D) (normalize_embedding), so a
+    # norm-aware feature map would only rescale every embedding alike.
+    radius = model.embedding_dim ** 0.5
+    for group in ('known', 'unknown'):
+        spread = uncertainty['embedding_norm'][group]
+        if spread is not None:
+            assert spread['min'] == pytest.approx(radius, rel=1e-3)
+            assert spread['max'] == pytest.approx(radius, rel=1e-3)
     latency = report['latency_ms']
     assert latency['runs'] == 3
     assert latency['threads_1']['forward_p50'] > 0 and latency['threads_2']['forward_p50'] > 0

@@ -70,6 +70,13 @@ def _matched_objects(split: DetectionSplit, detections: Sequence[Detections]
     return out
 
 
+def _spread(values: np.ndarray) -> dict[str, float] | None:
+    if values.size == 0:
+        return None
+    return {'mean': rounded(float(values.mean())), 'std': rounded(float(values.std())),
+            'min': rounded(float(values.min())), 'max': rounded(float(values.max()))}
+
+
 def _safe_auroc(scores: np.ndarray, labels: np.ndarray) -> float | None:
     from uq_perception.metrics import auroc
 
@@ -112,6 +119,7 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
     signals: dict[str, list[float]] = {name: [] for name in UNCERTAINTY_SIGNALS}
     is_unknown: list[bool] = []
     matched_category: list[int] = []
+    norms: list[float] = []
     for i, det_index, obj_index in _matched_objects(test_unknown, dets):
         hard = test_unknown.hard(i)
         unknown = test_unknown.labels[i] < 0
@@ -126,6 +134,7 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
             continue
         append_uncertainty_signals(signals, gp, dets[i].embeddings[det_index],
                                    dets[i].logits[det_index])
+        norms += np.linalg.norm(dets[i].embeddings[det_index], axis=1).tolist()
         is_unknown += unknown[obj_index].tolist()
         matched_category += test_unknown.category_ids[i][obj_index].tolist()
     all_unknown = [h for hits in found.values() for h in hits]
@@ -141,6 +150,12 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
     result['ood_matched_unknown'] = int(labels.sum())
     result['auroc_unknown'] = {name: _safe_auroc(np.array(v), labels)
                                for name, v in signals.items()}
+    # A norm-aware feature map (uq_perception.ntk.feature_map) rescales each embedding by a
+    # power of its norm; where every norm is the same it is one constant factor, which the
+    # GP's prior precision absorbs, and changes no ranking.
+    result['embedding_norm'] = {
+        group: _spread(np.array(norms)[mask]) for group, mask in (
+            ('known', ~labels), ('unknown', labels))}
     # Which unknown shapes the GP variance separates from the known objects, and which not.
     gp_variance, category = np.array(signals['gp_variance']), np.array(matched_category)
     result['auroc_unknown_gp_variance_per_class'] = {
