@@ -62,12 +62,17 @@ def test_every_robot_file_is_for_a_node_with_a_sim_file():
         assert _parameters(path, node), f'{path.name} sets nothing'
 
 
-def _call(executor, client, request, timeout_s: float = 30.0):
+def _call(executor, client, request, timeout_s: float = 30.0, attempts: int = 3):
     assert client.wait_for_service(timeout_sec=timeout_s), f'{client.srv_name} not available'
-    future = client.call_async(request)
-    executor.spin_until_future_complete(future, timeout_sec=timeout_s)
-    assert future.done(), f'{client.srv_name} did not answer'
-    return future.result()
+    # Listing and reading parameters are idempotent, so a response lost in DDS discovery
+    # (uq_common.service_calls) is asked for again.
+    for _ in range(attempts):
+        future = client.call_async(request)
+        executor.spin_until_future_complete(future, timeout_sec=timeout_s / attempts)
+        if future.done():
+            return future.result()
+        client.remove_pending_request(future)
+    raise AssertionError(f'{client.srv_name} did not answer')
 
 
 @pytest.mark.parametrize('node_name', [p.stem + '_node' for p in ROBOT_FILES])

@@ -70,7 +70,7 @@ def _matched_objects(split: DetectionSplit, detections: Sequence[Detections]
     return out
 
 
-def _spread(values: np.ndarray) -> dict[str, float] | None:
+def _spread(values: np.ndarray) -> dict[str, float | None] | None:
     if values.size == 0:
         return None
     return {'mean': rounded(float(values.mean())), 'std': rounded(float(values.std())),
