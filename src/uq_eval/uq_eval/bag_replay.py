@@ -30,6 +30,24 @@ OUTPUT_TOPICS = {
     'cmd_vel': 'geometry_msgs/msg/Twist',
 }
 _CLOCK_PERIOD_S = 0.01
+# Before the first message: time for the other nodes' endpoints to be discovered, then at
+# most this long for every discovered one to be matched.
+_DISCOVERY_S = 1.0
+_MATCH_TIMEOUT_S = 5.0
+
+
+def unmatched_endpoints(node: Any, publishers: list, subscriptions: list) -> list[str]:
+    """The played and recorded topics on which the graph shows more endpoints than are
+    matched yet: a message sent now would not reach all of them."""
+    waiting = [f'{p.topic_name}: {p.get_subscription_count()} of '
+               f'{node.count_subscribers(p.topic_name)} subscribers matched'
+               for p in publishers
+               if p.get_subscription_count() < node.count_subscribers(p.topic_name)]
+    waiting += [f'{s.topic_name}: {s.get_publisher_count()} of '
+                f'{node.count_publishers(s.topic_name)} publishers matched'
+                for s in subscriptions
+                if s.get_publisher_count() < node.count_publishers(s.topic_name)]
+    return waiting
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -69,12 +87,12 @@ class Recorder:
         self._writer: Writer | None = Writer(out, version=9, storage_plugin=StoragePlugin.MCAP)
         self._writer.open()
         self.counts: dict[str, int] = {}
-        self._subscriptions = []
+        self.subscriptions: list = []
         qos = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
         for topic, msgtype in topics.items():
             connection = self._writer.add_connection(topic, msgtype, typestore=typestore)
             self.counts[topic] = 0
-            self._subscriptions.append(node.create_subscription(
+            self.subscriptions.append(node.create_subscription(
                 message_class(msgtype), topic,
                 lambda raw, c=connection, t=topic: self._write(c, t, raw), qos, raw=True))
 
@@ -134,7 +152,18 @@ def play(bag: Path, rate: float = 1.0, start_offset: float = 0.0, clock: bool = 
         record_topics.update({t: ty for t, ty in stream.topics.items()
                               if t in wanted and ty in IMAGE_TYPES})
         recorder = Recorder(node, record, record_topics)
-    time.sleep(1.0)  # let subscribers match before the first message
+    # A graph entry comes before the match that delivers data: a fixed pause lost the first
+    # frames to the detector or the recorder when discovery was slow.
+    time.sleep(_DISCOVERY_S)
+    deadline = time.monotonic() + _MATCH_TIMEOUT_S
+    while (waiting := unmatched_endpoints(node, list(publishers.values()),
+                                          recorder.subscriptions if recorder else [])):
+        if time.monotonic() > deadline:
+            print(f'warning: playing although not every endpoint is matched after '
+                  f'{_DISCOVERY_S + _MATCH_TIMEOUT_S:g} s: {"; ".join(waiting)}',
+                  file=sys.stderr)
+            break
+        time.sleep(0.05)
     played = 0
     previous_log: int | None = None
     bag_time = 0.0          # seconds of bag played so far, counting forward steps only
