@@ -14,6 +14,7 @@ from uq_sim.objects import (
     ALL_CLASSES,
     AUXILIARY_CLASSES,
     KNOWN_CLASSES,
+    PROCEDURAL_CLASSES,
     UNKNOWN_CLASSES,
     Appearance,
     GeomType,
@@ -85,12 +86,15 @@ def test_quaternion_round_trip():
     np.testing.assert_allclose(quat_to_mat(mat_to_quat(rot)), rot, atol=1e-12)
 
 
+@pytest.mark.parametrize('classes', [ALL_CLASSES, PROCEDURAL_CLASSES],
+                         ids=['catalogue', 'procedural'])
 @pytest.mark.parametrize('seed', [0, 1, 2])
-def test_every_object_rests_on_the_table_in_mujoco(seed):
-    """The lowest point of each object, from MuJoCo's own poses, lies on the table (z=0)."""
+def test_every_object_rests_on_the_table_in_mujoco(seed, classes):
+    """The lowest point of each object, from MuJoCo's own poses, lies on the table (z=0);
+    MuJoCo compiles every class, the procedural families included."""
     rng = np.random.default_rng(seed)
     objects = tuple(make_object(f'o{i}', cls, (0.3 * (i % 4) - 0.45, 0.2 * (i // 4) - 0.2), rng)
-                    for i, cls in enumerate(ALL_CLASSES))
+                    for i, cls in enumerate(classes))
     spec = SceneSpec(objects=objects)
     model = mujoco.MjModel.from_xml_string(build_mjcf(spec))
     data = mujoco.MjData(model)
