@@ -25,6 +25,7 @@ setup(
             'demo = uq_eval.demo:configure',
             'train = uq_eval.train_command:configure',
             'eval.detector = uq_eval.detector_eval:configure',
+            'eval.detector-gp = uq_eval.detector_gp_study:configure',
             'eval.bag = uq_eval.bag_command:configure',
             'eval.shared-autonomy = uq_eval.shared_autonomy_eval:configure',
             'eval.help = uq_eval.help_eval:configure',

@@ -387,9 +387,14 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     if 'procedural_unknowns' in report:
         print(ood_summary(report), file=sys.stderr)
+    print_json_report(report, args.out)
+    return 0
+
+
+def print_json_report(report: dict[str, Any], out: Path | None) -> None:
+    """Print the report as JSON on stdout and, given ``out``, write the same text there."""
     text = json.dumps(report, indent=1)
     print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + '\n')
-    return 0
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + '\n')

@@ -14,6 +14,7 @@ import json
 import math
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -271,22 +272,59 @@ def train_detector(train: DetectionSplit, config: TrainConfig, progress: bool = 
     return model.eval(), history
 
 
-def object_embeddings(model: CenterNetDetector, split: DetectionSplit,
-                      use_detections: bool = True, batch_size: int = 32,
-                      progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """One embedding ``phi`` per classifiable known object of a split, with its class.
+# Activations of the embedding MLP that :func:`object_features` can return next to ``phi``:
+# its input (the box's sampled embedding map and the context cell) and its hidden units.
+EMBEDDING_LAYERS = ('mlp_input', 'hidden')
+
+
+@contextmanager
+def recorded_embedding_layers(model: CenterNetDetector,
+                              enabled: bool = True) -> Iterator[list[dict[str, np.ndarray]]]:
+    """Record :data:`EMBEDDING_LAYERS` of every ``embed_cells`` call inside the block.
+
+    Yields a list that gains one ``{layer: (B, K, width) array}`` per call, in call order.
+    Forward hooks read the activations, so the code path measured is the detector's own.
+    With ``enabled=False`` nothing is hooked and the list stays empty.
+    """
+    calls: list[dict[str, np.ndarray]] = []
+    if not enabled:
+        yield calls
+        return
+    hidden: list[np.ndarray] = []
+
+    def on_hidden(_module: Any, _inputs: Any, output: torch.Tensor) -> None:
+        hidden.append(output.detach().cpu().numpy())
+
+    def on_mlp(_module: Any, inputs: tuple[torch.Tensor, ...], _output: Any) -> None:
+        calls.append({'mlp_input': inputs[0].detach().cpu().numpy(), 'hidden': hidden.pop()})
+
+    handles = [model.embedding_mlp[1].register_forward_hook(on_hidden),
+               model.embedding_mlp.register_forward_hook(on_mlp)]
+    try:
+        yield calls
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def object_features(model: CenterNetDetector, split: DetectionSplit,
+                    use_detections: bool = True, batch_size: int = 32,
+                    progress: bool = False, with_layers: bool = False
+                    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Features of every classifiable known object of a split, with its class.
 
     With ``use_detections`` the detector runs as at inference (predicted boxes, score
     threshold 0.05) and an object found by a detection at IoU >= 0.5 contributes that
-    detection's embedding: the embedding the GP is queried with later, box errors
-    included. Objects that no detection finds (and all objects without
-    ``use_detections``) contribute the embedding read inside their ground-truth box.
+    detection's features: the ones the GP is queried with later, box errors included.
+    Objects that no detection finds (and all objects without ``use_detections``)
+    contribute the features read inside their ground-truth box.
 
     Returns
     -------
-    tuple[np.ndarray, np.ndarray]
-        ``(N, D)`` float32 embeddings and ``(N,)`` int64 class labels, objects in split
-        order.
+    tuple[dict[str, np.ndarray], np.ndarray]
+        ``{'phi': (N, D) embeddings}``, plus ``(N, width)`` arrays of
+        :data:`EMBEDDING_LAYERS` with ``with_layers``; and ``(N,)`` int64 class labels,
+        objects in split order.
     """
     import torch
     from tqdm import tqdm
@@ -299,7 +337,9 @@ def object_embeddings(model: CenterNetDetector, split: DetectionSplit,
     )
     from uq_perception.detector_data import build_targets, images_to_tensor
 
-    features, labels = [], []
+    names = ('phi',) + (EMBEDDING_LAYERS if with_layers else ())
+    features: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    labels = []
     was_training = model.training
     model.eval()
     try:
@@ -312,26 +352,47 @@ def object_embeddings(model: CenterNetDetector, split: DetectionSplit,
                                         [split.class_targets(i) for i in idx],
                                         model.output_size)
                 maps = model.feature_maps(images_to_tensor(split.images[idx]))
-                truth_phi = model.embed_cells(maps, targets.index, targets.boxes).numpy()
-                dets = model.decode(model.candidates(maps), AP_SCORE_THRESHOLD,
-                                    AP_MAX_DETECTIONS) if use_detections else None
+                with recorded_embedding_layers(model, with_layers) as calls:
+                    truth = {'phi': model.embed_cells(maps, targets.index,
+                                                      targets.boxes).numpy()}
+                    candidates = model.candidates(maps) if use_detections else None
+                if with_layers:
+                    truth.update(calls[0])
+                # decode keeps the candidates' order, so detection d is candidate d.
+                found_layers = {'phi': candidates['embeddings'].numpy(),
+                                **(calls[1] if with_layers else {})} \
+                    if candidates is not None else {}
+                dets = model.decode(candidates, AP_SCORE_THRESHOLD, AP_MAX_DETECTIONS) \
+                    if candidates is not None else None
                 for row, i in enumerate(idx):
                     wanted = np.flatnonzero(targets.label[row].numpy() >= 0)
-                    phi = truth_phi[row, wanted]
+                    values = {name: truth[name][row, wanted] for name in names}
                     if dets is not None and len(dets[row]):
                         matched, _ = match_detections(dets[row].boxes, dets[row].scores,
                                                       split.boxes[i], IOU_THRESHOLD)
                         found = {int(obj): det for det, obj in enumerate(matched) if obj >= 0}
                         for j, obj in enumerate(wanted):
                             if int(obj) in found:
-                                phi[j] = dets[row].embeddings[found[int(obj)]]
-                    features.append(phi)
+                                for name in names:
+                                    values[name][j] = found_layers[name][row, found[int(obj)]]
+                    for name in names:
+                        features[name].append(values[name])
                     labels.append(split.labels[i][wanted])
     finally:
         model.train(was_training)
-    dim = model.embedding_dim
-    return (np.concatenate(features).astype(np.float32) if features else np.zeros((0, dim)),
+    widths = {'phi': model.embedding_dim}
+    return ({name: np.concatenate(parts).astype(np.float32) if parts
+             else np.zeros((0, widths.get(name, 0)), dtype=np.float32)
+             for name, parts in features.items()},
             np.concatenate(labels).astype(np.int64) if labels else np.zeros(0, dtype=np.int64))
+
+
+def object_embeddings(model: CenterNetDetector, split: DetectionSplit,
+                      use_detections: bool = True, batch_size: int = 32,
+                      progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """``(N, D)`` embeddings ``phi`` and ``(N,)`` labels of :func:`object_features`."""
+    features, labels = object_features(model, split, use_detections, batch_size, progress)
+    return features['phi'], labels
 
 
 @dataclass(frozen=True)
