@@ -52,12 +52,18 @@ _LAYOUTS = {
 SUPPORTED_ENCODINGS = tuple(e.value for e in Encoding)
 
 
+# Default cap on the pixels of one frame, for every image path (the detector node, the
+# ask-for-help node's buffer, bag evaluation): no camera of this product has more, and a
+# corrupt or hostile header must not make a node allocate gigabytes.
+MAX_IMAGE_PIXELS = 4096 * 4096
+
+
 class ImageFormatError(ValueError):
     """A raw image that cannot be interpreted; the message says which check failed."""
 
 
 def image_to_rgb(height: int, width: int, encoding: str, step: int, data: bytes | memoryview,
-                 is_bigendian: bool = False, max_pixels: int = 4096 * 4096) -> np.ndarray:
+                 is_bigendian: bool = False, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
     """Interpret the fields of a ``sensor_msgs/Image`` as an ``(H, W, 3)`` uint8 RGB array.
 
     Parameters

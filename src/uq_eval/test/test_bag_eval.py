@@ -8,9 +8,12 @@ types, without an image topic, with out-of-order stamps.
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import shutil
+import struct
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -20,7 +23,7 @@ from rosbags.highlevel import AnyReader
 from rosbags.rosbag2 import StoragePlugin, Writer
 from rosbags.typesys import get_types_from_msg
 
-from uq_common.image_codec import ImageFormatError
+from uq_common.image_codec import MAX_IMAGE_PIXELS, ImageFormatError
 from uq_eval.bag_reader import COMPRESSED_IMAGE_TYPE, IMAGE_TYPE, decode_image
 from uq_eval.bag_types import uq_typestore
 
@@ -74,6 +77,35 @@ def compressed_message(typestore, stamp_ns: int, rgb: np.ndarray, fmt: str):
     return typestore.types['sensor_msgs/msg/CompressedImage'](
         header=_header(typestore, stamp_ns), format=fmt,
         data=np.frombuffer(buffer.getvalue(), dtype=np.uint8))
+
+
+def encoded_message(typestore, stamp_ns: int, data: bytes, fmt: str = 'png'):
+    """A rosbags ``sensor_msgs/CompressedImage`` holding ``data`` as it is."""
+    return typestore.types['sensor_msgs/msg/CompressedImage'](
+        header=_header(typestore, stamp_ns), format=fmt,
+        data=np.frombuffer(data, dtype=np.uint8))
+
+
+def png_bytes(pixels: np.ndarray, color_type: int, bit_depth: int,
+              palette: np.ndarray | None = None, width: int | None = None,
+              height: int | None = None) -> bytes:
+    """A PNG written by the specification (the layouts imageio's writer cannot make: 16-bit
+    colour, palette): ``pixels`` ``(H, W, C)`` of the colour type's samples, big-endian;
+    ``width``/``height`` override the header's size (a header that lies)."""
+    rows, cols = pixels.shape[:2]
+    samples = pixels.astype('>u2' if bit_depth == 16 else np.uint8)
+    raw = b''.join(b'\x00' + samples[r].tobytes() for r in range(rows))
+
+    def chunk(tag: bytes, body: bytes) -> bytes:
+        return (struct.pack('>I', len(body)) + tag + body
+                + struct.pack('>I', zlib.crc32(tag + body)))
+
+    header = struct.pack('>IIBBBBB', width or cols, height or rows, bit_depth, color_type,
+                         0, 0, 0)
+    return (b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', header)
+            + (chunk(b'PLTE', palette.astype(np.uint8).tobytes()) if palette is not None
+               else b'')
+            + chunk(b'IDAT', zlib.compress(raw)) + chunk(b'IEND', b''))
 
 
 def write_bag(path: Path, storage: str,
@@ -288,6 +320,54 @@ def test_decode_image_agrees_across_encodings(sim_frames):
         decode_image(msg, COMPRESSED_IMAGE_TYPE)
 
 
+def test_decode_image_converts_png_pixel_modes_by_their_definition(sim_frames):
+    """Grey is replicated, alpha dropped, a palette looked up and 16-bit samples scaled by
+    their high byte, whichever layout the PNG has."""
+    import imageio.v3 as iio
+
+    typestore = uq_typestore()
+    stamp, rgb, _ = sim_frames[0]
+    grey = rgb[..., 1]
+    wide = rgb.astype(np.uint16) * 256 + 128  # 16-bit samples whose high byte is rgb
+    palette = np.array([[0, 0, 0], [255, 0, 0], [0, 128, 255], [10, 20, 30]])
+    indices = grey // 64
+    cases = {
+        'grey': (iio.imwrite('<bytes>', grey, extension='.png'), np.dstack([grey] * 3)),
+        'grey+alpha': (iio.imwrite('<bytes>', np.dstack([grey, grey // 2]), extension='.png'),
+                       np.dstack([grey] * 3)),
+        'rgba': (iio.imwrite('<bytes>', np.dstack([rgb, grey]), extension='.png'), rgb),
+        '16-bit grey': (iio.imwrite('<bytes>', wide[..., 1], extension='.png'),
+                        np.dstack([grey] * 3)),
+        '16-bit rgb': (png_bytes(wide, color_type=2, bit_depth=16), rgb),
+        'palette': (png_bytes(indices[..., None], color_type=3, bit_depth=8, palette=palette),
+                    palette[indices]),
+    }
+    for name, (data, expected) in cases.items():
+        decoded = decode_image(encoded_message(typestore, stamp, data), COMPRESSED_IMAGE_TYPE)
+        assert decoded.dtype == np.uint8 and decoded.shape == rgb.shape, name
+        assert np.array_equal(decoded, expected), name
+
+
+def test_decode_image_refuses_what_it_cannot_convert_faithfully(sim_frames):
+    import imageio.v3 as iio
+
+    typestore = uq_typestore()
+    stamp, rgb, _ = sim_frames[0]
+    side = int(np.sqrt(MAX_IMAGE_PIXELS)) + 1
+    cases = [
+        (iio.imwrite('<bytes>', np.dstack([rgb, rgb[..., 0]]), extension='.jpg', mode='CMYK'),
+         'jpeg', 'jpeg image is CMYK, which needs its colour profile'),
+        (iio.imwrite('<bytes>', rgb, extension='.bmp'), 'png', 'neither a PNG nor a JPEG'),
+        # The size is read from the header before any pixel is decoded: this one has one.
+        (png_bytes(rgb[:1, :1], color_type=2, bit_depth=8, width=side, height=side), 'png',
+         f'image {side}x{side} exceeds the maximum of {MAX_IMAGE_PIXELS} pixels'),
+        (iio.imwrite('<bytes>', rgb, extension='.png')[:2000], 'png', 'undecodable png image'),
+    ]
+    for data, fmt, problem in cases:
+        with pytest.raises(ImageFormatError, match=problem):
+            decode_image(encoded_message(typestore, stamp, data, fmt), COMPRESSED_IMAGE_TYPE)
+
+
 def test_bag_looping_back_in_time_restarts_the_arbiter(sim_frames, tmp_path):
     """A looping bag must not carry the level reached before the jump across it."""
     typestore = uq_typestore()
@@ -392,6 +472,97 @@ def test_empty_bag(tmp_path, capsys, storage):
                     topics={'image': 'sensor_msgs/msg/Image'})
     err = _fails(capsys, 'eval', 'bag', str(bag), '--out', str(tmp_path / 'r'))
     assert f'bag {bag}: is empty' in err
+
+
+def test_bad_messages_are_skipped_counted_and_the_run_goes_on(sim_frames, tmp_path, capsys):
+    """Images that cannot be converted and ground truth that breaks the rules are skipped,
+    each counted under its topic and reason in the report; every other message is
+    evaluated."""
+    import imageio.v3 as iio
+
+    typestore = uq_typestore()
+    frames = sim_frames[:7]
+    images = [compressed_message(typestore, stamp, rgb, 'png') for stamp, rgb, _ in frames]
+    truths = [copy.deepcopy(truth) for _, _, truth in frames]
+    grey = frames[1][1][..., 1]
+    images[1] = encoded_message(  # grey+alpha: converted and evaluated
+        typestore, frames[1][0], iio.imwrite('<bytes>', np.dstack([grey, grey]),
+                                             extension='.png'))
+    images[4] = encoded_message(
+        typestore, frames[4][0],
+        iio.imwrite('<bytes>', np.dstack([frames[4][1], grey]), extension='.jpg',
+                    mode='CMYK'), 'jpeg')
+    images[5] = encoded_message(  # 12 kB of PNG, 16.8 million pixels
+        typestore, frames[5][0], iio.imwrite('<bytes>', np.zeros((4097, 4097), np.uint8),
+                                             extension='.png'))
+    truths[1].detections[0].center_x = float('nan')
+    truths[2].detections[0].class_index = 99
+    truths[3].detections[0].width = -4.0
+    messages = []
+    for (stamp, _, _), image, truth in zip(frames, images, truths, strict=True):
+        messages += [('image', COMPRESSED_IMAGE_TYPE, stamp, image),
+                     ('ground_truth', 'uq_msgs/msg/DetectionArray', stamp, truth)]
+    bag = write_bag(tmp_path / 'bag', 'mcap', messages, typestore)
+    out = tmp_path / 'report'
+    err = _fails(capsys, 'eval', 'bag', str(bag), '--out', str(out), '--no-progress')
+    report = _report(out)
+    # Frames 0-3 and 6; ground truth of frames 0 and 6 (4 and 5 have no image left).
+    assert report['metrics']['frames'] == 5
+    assert report['metrics']['ground_truth_frames'] == 2
+    skipped = [
+        'image: jpeg image is CMYK, which needs its colour profile',
+        f'image: image 4097x4097 exceeds the maximum of {MAX_IMAGE_PIXELS} pixels',
+        'ground_truth: a ground-truth box has a non-finite (NaN or inf) value',
+        "ground_truth: a ground-truth detection's class_index is neither -1 nor the index "
+        'of its class_id in class_names',
+        'ground_truth: a ground-truth box has a negative width or height']
+    for problem in skipped:
+        line = f'bag {bag}: 1 message(s) skipped on {problem}'
+        assert sum(p.startswith(line) for p in report['problems']) == 1, problem
+        assert f'warning: {line}' in err
+    assert len(report['problems']) == len(skipped)
+    assert '## Problems' in (out / 'report.md').read_text()
+
+
+def test_an_image_the_pipeline_cannot_take_is_skipped_not_fatal(sim_frames, tmp_path,
+                                                                  monkeypatch):
+    """Should a decoder hand over an image that is not (H, W, 3) uint8, perception refuses
+    it before anything changes and the replay skips it, counted."""
+    from uq_eval import bag_reader
+    from uq_eval.bag_eval import (
+        BagEvaluator,
+        InvalidMessage,
+        load_shipped_perception,
+        run_evaluation,
+    )
+
+    typestore = uq_typestore()
+    bag = write_bag(tmp_path / 'bag', 'mcap', [
+        ('image', IMAGE_TYPE, stamp, image_message(typestore, stamp, rgb))
+        for stamp, rgb, _ in sim_frames[:3]], typestore)
+    decode, calls = bag_reader.decode_image, []
+
+    def two_channels_on_the_second_image(msg, msgtype):
+        calls.append(msgtype)
+        rgb = decode(msg, msgtype)
+        return rgb[..., :2] if len(calls) == 2 else rgb
+
+    monkeypatch.setattr(bag_reader, 'decode_image', two_channels_on_the_second_image)
+    evaluator = BagEvaluator(load_shipped_perception(), bag_name=str(bag))
+    with pytest.raises(InvalidMessage, match='got shape'):
+        evaluator.perceive(0.0, sim_frames[0][1][..., :2])
+    # Had the refused call been taken as the first frame, the bag's first frame would not
+    # start the arbiter and the replay below would fail.
+    stream = bag_reader.BagStream(bag)
+    try:
+        data = run_evaluation(stream, evaluator, progress=False)
+    finally:
+        stream.close()
+    assert [f['stamp'] for f in data.frames] == pytest.approx(
+        [sim_frames[i][0] * 1e-9 for i in (0, 2)])
+    assert data.problems == [
+        f'bag {bag}: 1 message(s) skipped on image: image must be an (H, W, 3) uint8 RGB '
+        'array, got shape (240, 320, 2), uint8']
 
 
 def test_out_of_order_stamps_are_reported_with_full_results(sim_frames, tmp_path, capsys):

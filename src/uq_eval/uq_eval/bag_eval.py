@@ -17,6 +17,12 @@ not grow with the bag beyond that. Time going back by more than
 :data:`TIME_JUMP_TOLERANCE_S` (a looping bag) restarts the tracker and the arbiter, as a
 restarted robot would, so no stale level is carried across the jump; a smaller step back is
 an out-of-order stamp, reported as a problem and otherwise processed in log order.
+
+A message that cannot be evaluated (an image that is not ``(H, W, 3)`` uint8 RGB, ground
+truth with a non-finite box or a contradictory class) raises
+:class:`InvalidMessage` before it changes anything; the replay skips
+it, counts it by topic and reason in the problems, and goes on. Any other error ends the
+replay: it is a bug or a broken process, not a bad message.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import math
 import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from uq_eval.bag_ground_truth import MAX_BOX_PIXELS
 from uq_perception.detection_metrics import match_detections
 
 TIME_JUMP_TOLERANCE_S = 1.0
@@ -46,6 +53,11 @@ _PIPELINE_DEPTH = 4
 # on a short bag), and its rounds.
 BENCH_MIN_FRAMES = 300
 BENCH_ROUNDS = 3
+
+
+class InvalidMessage(ValueError):
+    """One message cannot be evaluated; the text says why, the same for every message with
+    that problem, so that they are counted together."""
 
 
 def load_shipped_perception(torch_threads: int = 1, score_threshold: float = 0.3,
@@ -166,7 +178,13 @@ class BagEvaluator:
         before :meth:`record` takes it, why ('' on the first frame). Frames go through
         :meth:`perceive` in order; :meth:`record` may run elsewhere (another process), in
         the same order, since it touches nothing this stage uses.
+
+        Raises
+        ------
+        InvalidMessage
+            When ``rgb`` is not an ``(H, W, 3)`` uint8 RGB image; nothing has changed then.
         """
+        _require_rgb(rgb)
         last = self._last_stamp
         restart = None
         if last is None:
@@ -278,7 +296,16 @@ class BagEvaluator:
 
     def on_ground_truth(self, stamp: float, boxes: np.ndarray, classes: list[str]) -> None:
         """Take one frame's ground truth, boxes as centre and size with their class names
-        (the frame with the same stamp is scored)."""
+        (the frame with the same stamp is scored).
+
+        Raises
+        ------
+        InvalidMessage
+            When a box is not 4 finite numbers within :data:`MAX_BOX_PIXELS` of the origin
+            with a size >= 0, a class name is empty, or boxes and names differ in number;
+            nothing has changed then.
+        """
+        boxes = _checked_ground_truth(boxes, classes)
         self._waiting_truth[stamp] = (boxes, classes)
         self._match_waiting()
 
@@ -348,15 +375,20 @@ class BagEvaluator:
         """Images :meth:`perceive` saw stamped earlier than a previous one."""
         return self._out_of_order
 
-    def finish(self, out_of_order: int | None = None) -> EvaluationData:
+    def finish(self, out_of_order: int | None = None,
+               skipped: dict[tuple[str, str], int] | None = None) -> EvaluationData:
         """Close the evaluation: notes on what could not be matched or was out of order
-        (``out_of_order``: the count of :meth:`perceive`'s copy, when that ran elsewhere)."""
+        (``out_of_order``: the count of :meth:`perceive`'s copy, when that ran elsewhere),
+        and the messages skipped as invalid, counted by (topic, reason)."""
         if out_of_order is not None:
             self._out_of_order = out_of_order
         if self._out_of_order:
             self.data.problems.append(
                 f'bag {self.bag_name}: {self._out_of_order} image(s) stamped earlier than a '
                 'previous one (out-of-order stamps); they were processed in log order')
+        for (topic, reason), count in (skipped or {}).items():
+            self.data.problems.append(
+                f'bag {self.bag_name}: {count} message(s) skipped on {topic}: {reason}')
         if self._waiting_truth and self.data.ground_truth_frames == 0:
             self.data.notes.append('ground truth present but no stamp matched an image stamp')
         if self.ground_truth is not None:
@@ -438,13 +470,68 @@ def _read_ahead(stream: Any, repeat: int, depth: int) -> tuple[_Handoff, threadi
     return decoded, thread
 
 
+def _require_rgb(pixels: Any) -> None:
+    """Refuse (:class:`InvalidMessage`) anything but what the detector's pipeline takes: an
+    ``(H, W, 3)`` uint8 RGB array with at least one pixel."""
+    if not (isinstance(pixels, np.ndarray) and pixels.dtype == np.uint8 and pixels.ndim == 3
+            and pixels.shape[2] == 3 and pixels.size > 0):
+        found = (f'shape {pixels.shape}, {pixels.dtype}' if isinstance(pixels, np.ndarray)
+                 else type(pixels).__name__)
+        raise InvalidMessage(f'image must be an (H, W, 3) uint8 RGB array, got {found}')
+
+
+def _checked_ground_truth(boxes: Any, classes: list[str]) -> np.ndarray:
+    """``boxes`` as an ``(N, 4)`` float array once they and ``classes`` pass the rules of
+    :meth:`BagEvaluator.on_ground_truth`; :class:`InvalidMessage` otherwise."""
+    boxes = np.asarray(boxes, dtype=np.float64)
+    if boxes.ndim != 2 or boxes.shape[1] != 4:
+        raise InvalidMessage(f'ground-truth boxes must be (N, 4), got shape {boxes.shape}')
+    if len(classes) != len(boxes):
+        raise InvalidMessage(f'ground truth has {len(boxes)} box(es) but {len(classes)} '
+                             'class name(s)')
+    if not np.isfinite(boxes).all():
+        raise InvalidMessage('a ground-truth box has a non-finite (NaN or inf) value')
+    if (np.abs(boxes) > MAX_BOX_PIXELS).any():
+        raise InvalidMessage(f'a ground-truth box lies beyond {MAX_BOX_PIXELS} pixels')
+    if (boxes[:, 2:] < 0.0).any():
+        raise InvalidMessage('a ground-truth box has a negative width or height')
+    if not all(isinstance(name, str) and name for name in classes):
+        raise InvalidMessage('a ground-truth detection has no class name (class_id)')
+    return boxes
+
+
+def _ground_truth_arguments(msg: Any) -> tuple[np.ndarray, list[str]]:
+    """Boxes (centre, size) and class names of a ground-truth DetectionArray.
+
+    Raises
+    ------
+    InvalidMessage
+        When a detection's ``class_index`` is neither -1 (a class the detector does not
+        know) nor the index of its ``class_id`` in the message's ``class_names``: the
+        message contradicts itself about what it labels.
+    """
+    names = msg.class_names
+    for detection in msg.detections:
+        index = int(detection.class_index)
+        if index != -1 and not (0 <= index < len(names) and names[index] == detection.class_id):
+            raise InvalidMessage("a ground-truth detection's class_index is neither -1 nor "
+                                 'the index of its class_id in class_names')
+    boxes = np.array([[d.center_x, d.center_y, d.width, d.height] for d in msg.detections],
+                     dtype=np.float64).reshape(-1, 4)
+    return boxes, [str(d.class_id) for d in msg.detections]
+
+
 def _plain_arguments(event: Any, stamp: float) -> tuple[str, tuple] | None:
-    """The evaluator method and arguments for a non-image event, as plain values."""
+    """The evaluator method and arguments for a non-image event, as plain values.
+
+    Raises
+    ------
+    InvalidMessage
+        For ground truth that contradicts itself (:func:`_ground_truth_arguments`).
+    """
     msg = event.message
     if event.kind == 'ground_truth':
-        boxes = np.array([[d.center_x, d.center_y, d.width, d.height] for d in msg.detections],
-                         dtype=np.float64).reshape(-1, 4)
-        return 'on_ground_truth', (stamp, boxes, [str(d.class_id) for d in msg.detections])
+        return 'on_ground_truth', (stamp, *_ground_truth_arguments(msg))
     if event.kind == 'detections':
         return 'on_node_detections', (stamp, event.log_time, float(msg.inference_time_ms))
     if event.kind == 'autonomy_state':
@@ -453,15 +540,22 @@ def _plain_arguments(event: Any, stamp: float) -> tuple[str, tuple] | None:
 
 
 def _record_in_child(evaluator: BagEvaluator, conn: Any) -> None:
-    """The recording process: run each (method, arguments) received, in order, then send
-    back ``finish()``'s data, or the first error."""
+    """The recording process: run each (method, arguments, topic) received, in order,
+    skipping and counting the messages the evaluator finds invalid, then send back
+    ``finish()``'s data, or the first other error."""
+    skipped: Counter[tuple[str, str]] = Counter()
     try:
         while True:
-            name, args = conn.recv()
+            name, args, topic = conn.recv()
             if name == 'finish':
-                conn.send(('data', evaluator.finish(*args)))
+                out_of_order, skipped_before = args
+                conn.send(('data', evaluator.finish(out_of_order,
+                                                    Counter(skipped_before) + skipped)))
                 return
-            getattr(evaluator, name)(*args)
+            try:
+                getattr(evaluator, name)(*args)
+            except InvalidMessage as exc:
+                skipped[topic, str(exc)] += 1
     except (EOFError, KeyboardInterrupt):
         return  # the replay was abandoned; it reports why
     except Exception as exc:  # handed to the replay, which raises it
@@ -501,6 +595,8 @@ def run_evaluation(stream: Any, evaluator: BagEvaluator, progress: bool = True,
     child_conn.close()
     decoded, reader = _read_ahead(stream, repeat, _PIPELINE_DEPTH)
     total = stream.image_message_count() * repeat
+    # Messages this thread finds invalid, by (topic, reason); the recorder adds its own.
+    skipped: Counter[tuple[str, str]] = Counter()
     try:
         try:
             with tqdm(total=total or None, desc=f'evaluating {stream.path.name}',
@@ -508,17 +604,22 @@ def run_evaluation(stream: Any, evaluator: BagEvaluator, progress: bool = True,
                 for event, stamp in decoded.items():
                     if conn.poll():
                         break  # the recorder failed; its error is read below
+                    call: tuple[str, tuple] | None = None
+                    try:
+                        if event.kind == 'image':
+                            frame, restart = evaluator.perceive(stamp, event.rgb)
+                            call = ('record', (stamp, frame, restart, event.rgb,
+                                               event.log_time, event.stamp_ns))
+                        else:
+                            call = _plain_arguments(event, stamp)
+                    except InvalidMessage as exc:
+                        skipped[event.topic, str(exc)] += 1
+                    if call is not None:
+                        conn.send((*call, event.topic))
                     if event.kind == 'image':
-                        frame, restart = evaluator.perceive(stamp, event.rgb)
-                        conn.send(('record', (stamp, frame, restart, event.rgb,
-                                              event.log_time, event.stamp_ns)))
                         bar.update(1)
-                    else:
-                        call = _plain_arguments(event, stamp)
-                        if call is not None:
-                            conn.send(call)
                 else:
-                    conn.send(('finish', (evaluator.out_of_order,)))
+                    conn.send(('finish', (evaluator.out_of_order, dict(skipped)), ''))
         except BrokenPipeError:
             pass  # the recorder ended early: its error, if it sent one, is read below
         try:

@@ -21,7 +21,7 @@ per object, not images.
 from __future__ import annotations
 
 import json
-import math
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,12 @@ from typing import Any
 import numpy as np
 
 STAMP_TOLERANCE_NS = 1_000
+# Box coordinates and sizes, pixels: far beyond any camera frame (the evaluator caps frames
+# at 4096 x 4096 pixels), and small enough that every check and the IoU arithmetic stay in
+# float range (a JSON integer can be arbitrarily large).
+MAX_BOX_PIXELS = 1_000_000
+# Stamps are compared as int64 nanoseconds.
+MAX_STAMP_NS = 2**63 - 1
 
 
 class GroundTruthError(Exception):
@@ -88,15 +94,24 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_id(value: Any) -> bool:
+    """Whether ``value`` can name an image or category: COCO uses integers; strings do no
+    harm. Anything else (a list, an object) cannot be looked up."""
+    return _is_int(value) or isinstance(value, str)
+
+
 def _box(path: Path, annotation: dict, key: str) -> tuple[float, float, float, float]:
     value = annotation.get(key)
     numbers = value if isinstance(value, list) else []
+    # Compared before any conversion: Python compares a huge int or NaN with a float
+    # exactly (NaN fails), where float() would overflow.
     ok = (len(numbers) == 4
           and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers)
-          and all(math.isfinite(v) and v >= 0.0 for v in numbers))
+          and all(0.0 <= v <= MAX_BOX_PIXELS for v in numbers))
     if not ok:
-        raise _problem(path, f'annotation {annotation.get("id")}: {key} must be 4 finite '
-                             f'numbers >= 0 ([x, y, width, height] in pixels), got {value!r}')
+        raise _problem(path, f'annotation {reprlib.repr(annotation.get("id"))}: {key} must '
+                             f'be 4 finite numbers >= 0 and <= {MAX_BOX_PIXELS} ([x, y, '
+                             f'width, height] in pixels), got {reprlib.repr(value)}')
     x, y, w, h = (float(v) for v in numbers)
     return x + w / 2.0, y + h / 2.0, w, h
 
@@ -115,6 +130,10 @@ def _read(path: Path) -> dict:
     except json.JSONDecodeError as err:
         raise _problem(path, f'is not valid JSON ({err.msg} at line {err.lineno}, column '
                              f'{err.colno})') from None
+    except RecursionError:
+        raise _problem(path, 'is nested too deeply to be a COCO annotations file') from None
+    except ValueError as err:  # an integer of more digits than Python converts
+        raise _problem(path, f'is not usable JSON ({err})') from None
     if not isinstance(data, dict) or not all(
             isinstance(data.get(k), list) for k in ('images', 'annotations', 'categories')):
         raise _problem(path, 'is not a COCO annotations file (it needs "images", '
@@ -139,18 +158,20 @@ def load_coco_ground_truth(path: str | Path) -> CocoGroundTruth:
         raise _problem(path, f'info.exhaustive must be true or false, got {exhaustive!r}')
     categories: dict[Any, str] = {}
     for index, category in enumerate(data['categories']):
-        if not (isinstance(category, dict) and 'id' in category
+        if not (isinstance(category, dict) and _is_id(category.get('id'))
                 and isinstance(category.get('name'), str)):
-            raise _problem(path, f'category {index} needs an "id" and a string "name"')
+            raise _problem(path, f'category {index} needs an "id" (an integer or string) '
+                                 'and a string "name"')
         categories[category['id']] = category['name']
     images: dict[Any, dict] = {}
     for index, image in enumerate(data['images']):
-        if not (isinstance(image, dict) and 'id' in image):
-            raise _problem(path, f'image {index} needs an "id"')
+        if not (isinstance(image, dict) and _is_id(image.get('id'))):
+            raise _problem(path, f'image {index} needs an "id" (an integer or string)')
         stamp = image.get('stamp_ns')
-        if stamp is not None and not (_is_int(stamp) and stamp >= 0):
-            raise _problem(path, f'image {image["id"]}: stamp_ns must be a non-negative '
-                                 f'integer (nanoseconds), got {stamp!r}')
+        if stamp is not None and not (_is_int(stamp) and 0 <= stamp <= MAX_STAMP_NS):
+            raise _problem(path, f'image {reprlib.repr(image["id"])}: stamp_ns must be a '
+                                 f'non-negative integer below 2**63 (int64 nanoseconds), got '
+                                 f'{reprlib.repr(stamp)}')
         images[image['id']] = image
     unstamped = sum(1 for image in images.values() if image.get('stamp_ns') is None)
     if images and unstamped == len(images):
@@ -163,15 +184,16 @@ def load_coco_ground_truth(path: str | Path) -> CocoGroundTruth:
     for index, annotation in enumerate(data['annotations']):
         if not isinstance(annotation, dict):
             raise _problem(path, f'annotation {index} is not an object')
-        where = f'annotation {annotation.get("id", index)}'
-        image = images.get(annotation.get('image_id'))
+        where = f'annotation {reprlib.repr(annotation.get("id", index))}'
+        image_id, category_id = annotation.get('image_id'), annotation.get('category_id')
+        image = images.get(image_id) if _is_id(image_id) else None
         if image is None:
-            raise _problem(path, f'{where}: image_id {annotation.get("image_id")!r} is not '
-                                 'an image of the file')
-        name = categories.get(annotation.get('category_id'))
+            raise _problem(path, f'{where}: image_id {reprlib.repr(image_id)} is not an image '
+                                 'of the file')
+        name = categories.get(category_id) if _is_id(category_id) else None
         if name is None:
-            raise _problem(path, f'{where}: category_id {annotation.get("category_id")!r} '
-                                 'is not a category of the file')
+            raise _problem(path, f'{where}: category_id {reprlib.repr(category_id)} is not a '
+                                 'category of the file')
         if 'bbox_image' in annotation:
             box = _box(path, annotation, 'bbox_image')
         elif 'crop_origin' in image:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from uq_common.image_codec import ImageFormatError, image_to_rgb
+from uq_common.image_codec import MAX_IMAGE_PIXELS, ImageFormatError, image_to_rgb
 
 IMAGE_TYPE = 'sensor_msgs/msg/Image'
 COMPRESSED_IMAGE_TYPE = 'sensor_msgs/msg/CompressedImage'
@@ -27,6 +27,8 @@ DETECTIONS_TYPE = 'uq_msgs/msg/DetectionArray'
 AUTONOMY_STATE_TYPE = 'uq_msgs/msg/AutonomyState'
 HELP_REQUEST_TYPE = 'uq_msgs/msg/HelpRequest'
 IMAGE_TYPES = (IMAGE_TYPE, COMPRESSED_IMAGE_TYPE)
+_PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
+_JPEG_SIGNATURE = b'\xff\xd8\xff'
 
 
 class BagError(Exception):
@@ -192,7 +194,9 @@ class BagStream:
     def events(self, with_node_outputs: bool = False) -> Iterator[BagEvent]:
         """Yield the image (and ground-truth, node-output) messages in log order.
 
-        Undecodable images and messages are skipped and counted in :attr:`problems`; a
+        Undecodable or oversized images, images that cannot be converted to RGB without
+        loss (:func:`decode_image`) and undecodable messages are skipped and counted in
+        :attr:`problems`; a
         read error (truncated or corrupt file) ends the iteration and is recorded there.
         """
         kinds = {}
@@ -281,28 +285,78 @@ class BagStream:
 def decode_image(msg: Any, msgtype: str) -> np.ndarray:
     """An ``(H, W, 3)`` uint8 RGB array from a deserialised Image or CompressedImage.
 
+    Frames over :data:`MAX_IMAGE_PIXELS` are refused before their pixels are decoded.
+    PNG and JPEG layouts are converted when that loses nothing but alpha (see
+    :func:`_pixels_to_rgb`); others are refused.
+
     Raises
     ------
     ImageFormatError
-        On an unsupported encoding or format, or undecodable data.
+        On an unsupported encoding, format or pixel layout, an oversized frame, or
+        undecodable data.
     """
     if msgtype == IMAGE_TYPE:
         return image_to_rgb(msg.height, msg.width, msg.encoding, msg.step,
-                            np.ascontiguousarray(msg.data).data,
-                            bool(msg.is_bigendian))
+                            np.ascontiguousarray(msg.data).data, bool(msg.is_bigendian),
+                            MAX_IMAGE_PIXELS)
+    return _decode_compressed(msg)
+
+
+def _decode_compressed(msg: Any) -> np.ndarray:
+    """Decode a PNG or JPEG CompressedImage to RGB, reading its size from the header first.
+
+    A JPEG has no alpha channel, so four channels are CMYK (or YCCK), which would need the
+    image's colour profile to convert: refused. The decoded pixels go through
+    :func:`_pixels_to_rgb`.
+    """
     import imageio.v3 as iio
 
     fmt = msg.format.lower()
     if not any(name in fmt for name in ('jpeg', 'jpg', 'png')):
         raise ImageFormatError(f'unsupported CompressedImage format {msg.format!r}; '
                                'supported: jpeg, png')
+    data = np.asarray(msg.data).tobytes()
+    if not data.startswith((_PNG_SIGNATURE, _JPEG_SIGNATURE)):
+        raise ImageFormatError(f'{msg.format} data is neither a PNG nor a JPEG stream')
     try:
-        pixels = iio.imread(io.BytesIO(np.asarray(msg.data).tobytes()))
-    except Exception as exc:  # imageio raises plugin-specific types
+        with iio.imopen(io.BytesIO(data), 'r', plugin='pillow') as image:
+            # From the header alone (metadata() would decode a PNG to look for EXIF).
+            shape = image.properties(index=0).shape
+            height, width = shape[:2]
+            if width * height > MAX_IMAGE_PIXELS:
+                raise ImageFormatError(f'image {width}x{height} exceeds the maximum of '
+                                       f'{MAX_IMAGE_PIXELS} pixels')
+            if data.startswith(_JPEG_SIGNATURE) and shape[2:] == (4,):
+                raise ImageFormatError(f'{msg.format} image is CMYK, which needs its colour '
+                                       'profile to convert to RGB: not supported')
+            pixels = image.read(index=0)
+    except ImageFormatError:
+        raise
+    except Exception as exc:  # Pillow raises OSError, SyntaxError, zlib errors and more
         raise ImageFormatError(f'undecodable {msg.format} image: {exc}') from None
+    return _pixels_to_rgb(pixels, msg.format)
+
+
+def _pixels_to_rgb(pixels: np.ndarray, fmt: str) -> np.ndarray:
+    """RGB from a decoded PNG or JPEG's ``(H, W[, C])`` array, by its layout.
+
+    JPEG and PNG store colours, not channel order: image_transport's "bgr8; jpeg compressed
+    bgr8" was encoded from BGR by OpenCV and decodes to RGB like any other. Grey (one
+    channel, or two with alpha) is replicated to three channels, alpha dropped (as
+    ``image_to_rgb`` drops it from ``rgba8``; palette images arrive looked up, as RGB or
+    RGBA), bilevel scaled to 0/255 and 16-bit samples to 8 bits by their high byte, which is
+    what the decoder itself does with 16-bit colour PNGs, so that a grey and a colour 16-bit
+    image of the same scene agree. Other layouts are refused.
+    """
     if pixels.ndim == 2:
-        pixels = np.repeat(pixels[..., None], 3, axis=2)
-    # JPEG and PNG store colours, not channel order: image_transport's "bgr8; jpeg
-    # compressed bgr8" was encoded from BGR by OpenCV and decodes to RGB like any other.
-    rgb = np.ascontiguousarray(pixels[..., :3], dtype=np.uint8)
-    return rgb
+        pixels = pixels[..., None]
+    if pixels.dtype == np.bool_:
+        pixels = pixels.astype(np.uint8) * np.uint8(255)
+    elif pixels.dtype == np.uint16:
+        pixels = (pixels >> 8).astype(np.uint8)
+    if pixels.ndim != 3 or pixels.dtype != np.uint8 or not 1 <= pixels.shape[2] <= 4:
+        raise ImageFormatError(f'{fmt} image decodes to {pixels.dtype} pixels of shape '
+                               f'{pixels.shape}, not grey, grey+alpha, RGB or RGBA')
+    if pixels.shape[2] <= 2:
+        return np.repeat(pixels[..., :1], 3, axis=2)
+    return np.ascontiguousarray(pixels[..., :3])
