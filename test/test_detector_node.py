@@ -1,10 +1,13 @@
-"""The detector node over real DDS: lifecycle, stamps, malformed frames, parameters, QoS.
+"""The detector node over real DDS: lifecycle, stamps, malformed frames, parameters, QoS,
+and its degraded states (an unusable learnt state, an unforeseen configure failure, images
+of another size than camera_info).
 
 The node runs in this process on its own multi-threaded executor thread; the test talks to
 it only through topics and services, as any other ROS node would. A small randomly
 initialised detector (with a GP fitted to its embeddings) keeps the test fast; the shipped
 model is exercised by the simulation tests. ``uq bench node`` runs as a user runs it, with
-the node in its own process.
+the node in its own process. Log lines are read from the console: ``/rosout`` is not
+reliable across the rclpy contexts of successive tests in one process.
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import rclpy
 import torch
-from diagnostic_msgs.msg import DiagnosticArray
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState, GetState
 from rclpy.executors import MultiThreadedExecutor
@@ -31,34 +35,36 @@ from rclpy.node import Node
 from rclpy.parameter import Parameter, parameter_value_to_python
 from rclpy.parameter_client import AsyncParameterClient
 from rclpy.qos import QoSProfile, ReliabilityPolicy
-from sensor_msgs.msg import Image
+from sensor_msgs.msg import CameraInfo, Image
 
 from uq_common.image_codec import rgb_to_image_fields
 from uq_msgs.msg import DetectionArray
+from uq_msgs.srv import TeachObject
 from uq_perception.detector import CenterNetDetector, save_detector
 from uq_perception.detector_node import DetectorNode
 from uq_perception.ntk import LastLayerNTKGP
 
 CLASSES = ['box', 'sphere', 'cylinder', 'capsule', 'ellipsoid', 'mug']
-HEIGHT, WIDTH = 96, 128
+HEIGHT, WIDTH, EMBEDDING = 96, 128, 16
+MODEL_ID = 'test-model'
 TIMEOUT_S = 10.0
 
 
 @pytest.fixture(scope='module')
 def model_files(tmp_path_factory):
     torch.manual_seed(0)
-    model = CenterNetDetector(CLASSES, embedding_dim=16, input_size=(HEIGHT, WIDTH),
+    model = CenterNetDetector(CLASSES, embedding_dim=EMBEDDING, input_size=(HEIGHT, WIDTH),
                               channels=(8, 8, 16, 16), neck_channels=16,
                               max_candidates=16).eval()
     directory = tmp_path_factory.mktemp('model')
-    save_detector(model, directory / 'detector.pt', model_id='test-model')
+    save_detector(model, directory / 'detector.pt', model_id=MODEL_ID)
     with torch.no_grad():
         out = model(torch.rand(8, 3, HEIGHT, WIDTH))
-    features = out['embeddings'].reshape(-1, 16).numpy().astype(np.float64)
+    features = out['embeddings'].reshape(-1, EMBEDDING).numpy().astype(np.float64)
     labels = out['logits'].reshape(-1, len(CLASSES)).argmax(1).numpy()
     gp = LastLayerNTKGP(model.head.weight.detach().numpy().astype(np.float64),
                         model.head.bias.detach().numpy().astype(np.float64),
-                        class_names=CLASSES, model_id='test-model')
+                        class_names=CLASSES, model_id=MODEL_ID)
     gp.fit(features, labels)
     gp.calibrate_ood(features)
     gp.save(directory / 'detector_gp.npz')
@@ -66,12 +72,16 @@ def model_files(tmp_path_factory):
 
 
 class Harness:
-    """A test node that feeds images to the detector and collects what it publishes."""
+    """A test node that feeds images to the detector and collects what it publishes (and,
+    given the console capture, what it logs)."""
 
-    def __init__(self, context, detector: DetectorNode) -> None:
+    def __init__(self, context, detector: DetectorNode,
+                 console: pytest.CaptureFixture[str] | None = None) -> None:
         self.node = Node('detector_test_client', context=context)
         self.detections: list[DetectionArray] = []
         self.diagnostics: list[DiagnosticArray] = []
+        self._console = console
+        self.log = ''
         self.node.create_subscription(DetectionArray, 'detections', self.detections.append,
                                       QoSProfile(depth=50, reliability=ReliabilityPolicy.RELIABLE))
         self.node.create_subscription(DiagnosticArray, '/diagnostics', self.diagnostics.append,
@@ -82,6 +92,9 @@ class Harness:
             Image, 'image', QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE))
         self.change_state = self.node.create_client(ChangeState, 'detector_node/change_state')
         self.get_state = self.node.create_client(GetState, 'detector_node/get_state')
+        self.teach = self.node.create_client(TeachObject, 'teach_object')
+        self.camera_info = self.node.create_publisher(
+            CameraInfo, 'camera_info', QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE))
         self.params = AsyncParameterClient(self.node, 'detector_node')
         self.executor = MultiThreadedExecutor(num_threads=3, context=context)
         self.executor.add_node(detector)
@@ -138,15 +151,35 @@ class Harness:
     def answered(self, msg: Image) -> bool:
         return any(d.header.stamp == msg.header.stamp for d in self.detections)
 
+    def logged(self, level: str, *needles: str) -> bool:
+        """Whether the detector logged a line at ``level`` ('WARN', 'ERROR') holding every
+        needle."""
+        assert self._console is not None, 'made without the console capture'
+        self.log += self._console.readouterr().err
+        return any(line.startswith(f'[{level}]') and '[detector_node]' in line
+                   and all(n in line for n in needles) for line in self.log.splitlines())
 
-def _detector(context, model_files: Path, **kwargs) -> DetectorNode:
-    return DetectorNode(context=context, parameter_overrides=[
-        Parameter('model_path', value=str(model_files / 'detector.pt')),
-        Parameter('gp_path', value=str(model_files / 'detector_gp.npz')),
-        Parameter('score_threshold', value=0.0),
-        Parameter('max_detections', value=5),
-        Parameter('diagnostics_period', value=0.2),
-    ], **kwargs)
+    def status_where(self, condition: Callable[[dict[str, str], DiagnosticStatus], bool]
+                     ) -> DiagnosticStatus | None:
+        """The first diagnostics status received for which ``condition(values, status)``."""
+        for array in list(self.diagnostics):
+            for status in array.status:
+                if condition({kv.key: kv.value for kv in status.values}, status):
+                    return status
+        return None
+
+    def latest_values(self) -> dict[str, str]:
+        return {kv.key: kv.value for kv in self.diagnostics[-1].status[0].values}
+
+
+def _detector(context, model_files: Path, node_class: type[DetectorNode] = DetectorNode,
+              cli_args: list[str] | None = None, **parameters: Any) -> DetectorNode:
+    overrides = {'model_path': str(model_files / 'detector.pt'),
+                 'gp_path': str(model_files / 'detector_gp.npz'),
+                 'score_threshold': 0.0, 'max_detections': 5, 'diagnostics_period': 0.2,
+                 **parameters}
+    return node_class(context=context, cli_args=cli_args, parameter_overrides=[
+        Parameter(name, value=value) for name, value in overrides.items()])
 
 
 @pytest.fixture
@@ -156,6 +189,23 @@ def harness(ros_context, model_files):
     try:
         yield h
     finally:
+        h.close()
+        detector.destroy_node()
+
+
+@pytest.fixture
+def running(ros_context, model_files, capfd):
+    """Start a detector (of a class, with parameters) and a harness; both closed after."""
+    made: list[tuple[DetectorNode, Harness]] = []
+
+    def start(node_class: type[DetectorNode] = DetectorNode, **parameters: Any) -> Harness:
+        detector = _detector(ros_context, model_files, node_class, **parameters)
+        h = Harness(ros_context, detector, capfd)
+        made.append((detector, h))
+        return h
+
+    yield start
+    for detector, h in made:
         h.close()
         detector.destroy_node()
 
@@ -351,6 +401,86 @@ def test_corrupt_model_file_fails_configure_and_node_keeps_running(ros_context, 
     finally:
         h.close()
         detector.destroy_node()
+
+
+def test_an_unusable_learnt_state_is_moved_aside_reported_and_not_overwritten(
+        running, tmp_path):
+    learnt = tmp_path / 'learnt.npz'
+    garbage = b'PK\x03\x04 a damaged learnt state, holding labels someone gave'
+    learnt.write_bytes(garbage)
+    h = running(learned_gp_path=str(learnt))
+    _activate(h)
+
+    [moved] = tmp_path.glob('learnt.npz.unusable-*')
+    assert moved.read_bytes() == garbage and not learnt.exists()
+    assert h.wait_for(lambda: h.logged('WARN', 'cannot use the learnt state', str(learnt),
+                                       str(moved))), h.log
+    # Reported while the node runs on, with no images at all (the learnt state outranks
+    # the stale input in the message).
+    reported = h.wait_for(lambda: h.status_where(
+        lambda values, s: s.level == DiagnosticStatus.WARN and str(moved) in s.message
+        and str(moved) in values['learnt_state']) is not None)
+    assert reported, h.diagnostics[-1:]
+
+    answer = h.call(h.teach, TeachObject.Request(
+        request_id='r1', label='Teapot', embedding=[0.5] * EMBEDDING, model_id=MODEL_ID))
+    assert answer.accepted and answer.class_index == len(CLASSES), answer.message
+    assert LastLayerNTKGP.load(learnt).class_names[-1] == 'teapot'
+    assert moved.read_bytes() == garbage
+
+
+def test_an_unforeseen_configure_failure_is_logged_with_its_type(running):
+    class FailingDetectorNode(DetectorNode):
+        # An exception type none of the loaders is expected to raise, injected in the
+        # node's own loading step: rclpy would turn it into ERROR without a word.
+        def _load_perception(self) -> Any:
+            raise KeyError('an unforeseen key')
+
+    h = running(FailingDetectorNode)
+    assert not h.transition(Transition.TRANSITION_CONFIGURE)
+    assert h.state() == 'unconfigured'
+    assert h.wait_for(lambda: h.logged(
+        'ERROR', 'configure failed, staying unconfigured', 'KeyError', 'an unforeseen key'))
+
+
+def test_images_of_another_size_than_camera_info_are_reported_and_processed(running):
+    h = running()
+    _activate(h)
+    info = CameraInfo(width=2 * WIDTH, height=2 * HEIGHT)
+
+    def frame(height: int, width: int) -> Image:
+        rgb = np.zeros((height, width, 3), dtype=np.uint8)
+        return h.image(**rgb_to_image_fields(rgb))
+
+    def send_until(condition: Callable[[], bool], height: int, width: int) -> bool:
+        for _ in range(100):
+            h.camera_info.publish(info)
+            h.reliable.publish(frame(height, width))
+            if h.wait_for(condition, 0.2):
+                return True
+        return False
+
+    def mismatch_reported() -> bool:
+        return h.status_where(
+            lambda values, s: s.level == DiagnosticStatus.WARN
+            and f'image size {WIDTH}x{HEIGHT} differs from camera_info '
+                f'{2 * WIDTH}x{2 * HEIGHT}' in s.message
+            and int(values['camera_info_mismatches']) > 0) is not None
+
+    assert send_until(mismatch_reported, HEIGHT, WIDTH), h.diagnostics[-1:]
+    assert h.detections, 'a frame of another size must still be processed'
+    assert h.wait_for(lambda: h.logged('WARN', 'differs from camera_info'))
+
+    # Frames of the camera_info's size are not counted: the count stops growing.
+    h.diagnostics.clear()
+    assert send_until(lambda: bool(h.diagnostics)
+                      and 'differs' not in h.diagnostics[-1].status[0].message,
+                      2 * HEIGHT, 2 * WIDTH)
+    counted = h.latest_values()['camera_info_mismatches']
+    processed = int(h.latest_values()['frames_processed'])
+    assert send_until(lambda: int(h.latest_values()['frames_processed']) >= processed + 3,
+                      2 * HEIGHT, 2 * WIDTH)
+    assert h.latest_values()['camera_info_mismatches'] == counted
 
 
 def test_invalid_start_up_parameter_refuses_to_start(ros_context):

@@ -172,6 +172,14 @@ def test_put_label_imports_complete_records_idempotently(store: LabelStore) -> N
     ('rtl\u202emark', 'label contains the non-printable character'),
     (42, 'label must be a string, got int'),
     (None, 'label must be a string, got NoneType'),
+    # The detector's class name rule (uq_common.class_labels): refused here at once, not
+    # stored and then refused by teach_object forever.
+    ("Tom's mug", 'may hold only letters, digits, spaces and'),
+    ('mug, red', 'may hold only letters'),
+    ('mug #2', 'may hold only letters'),
+    ('mug+lid', 'may hold only letters'),
+    ('"x"', 'may hold only letters'),
+    ('-mug', 'starting with a letter, digit or _'),
 ])
 def test_invalid_labels_are_refused_before_writing(store: LabelStore, label: object,
                                                    message: str) -> None:
@@ -183,8 +191,26 @@ def test_invalid_labels_are_refused_before_writing(store: LabelStore, label: obj
 
 def test_valid_labels_are_normalised() -> None:
     assert ls.validate_label('  coffee   mug ') == 'coffee mug'
-    assert ls.validate_label('Kaffeebecher ü') == 'Kaffeebecher ü'
+    assert ls.validate_label('Kaffeebecher ü') == 'kaffeebecher ü'
+    assert ls.validate_label('tasse à café') == 'tasse à café'
+    assert ls.validate_label('T-joint (steel) 2/3') == 't-joint (steel) 2/3'
     assert ls.validate_label('x' * 64) == 'x' * 64
+
+
+def test_labels_differing_only_in_case_are_one_answer(store: LabelStore) -> None:
+    store.add_request(request('r1'))
+    assert store.answer('r1', 'Mug', 'alice').record.label == 'mug'
+    assert store.answer('r1', 'MUG ', 'bob').status is AnswerStatus.DUPLICATE
+    assert store.class_names() == ['mug']
+
+
+def test_a_label_stored_before_case_folding_is_the_same_answer_folded(tmp_path: Path) -> None:
+    path = tmp_path / 'old.sqlite3'
+    create_v1_store_for_tests(path, [{'request_id': 'r1', 'label': 'Mug', 'labeler': 'alice',
+                                      'time': 1.0}])
+    store = LabelStore(path)
+    assert store.answer('r1', 'Mug', 'bob').status is AnswerStatus.DUPLICATE
+    assert store.answer('r1', 'cup', 'bob').status is AnswerStatus.CONFLICT
 
 
 @pytest.mark.parametrize(('labeler', 'message'), [

@@ -10,8 +10,9 @@ Durability
 
 Idempotence and conflicts
     ``request_id`` is unique in the ``labels`` table. Answering a request again with the same
-    label (after normalisation: surrounding spaces stripped, inner runs of whitespace made one
-    space; case kept) is accepted and changes nothing (:attr:`AnswerStatus.DUPLICATE`). A
+    label (after normalisation by the class label rule, :mod:`uq_common.class_labels`:
+    surrounding spaces stripped, inner runs of spaces made one, case folded) is accepted and
+    changes nothing (:attr:`AnswerStatus.DUPLICATE`). A
     *different* label for an answered request is refused (:attr:`AnswerStatus.CONFLICT`), with
     a message naming the first answer, who gave it and when: the first answer has already
     been taught to the detector, and a silent replacement by whichever click came last would
@@ -55,12 +56,12 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from uq_autonomy.crops import PNG_SIGNATURE, png_size
+from uq_common.class_labels import MAX_LABEL_LENGTH, InvalidLabelError, normalise_label
 from uq_common.str_enum import StrEnum
 
 _log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
-MAX_LABEL_LENGTH = 64
 MAX_LABELER_LENGTH = 64
 MAX_REASON_LENGTH = 2000
 MAX_MODEL_ID_LENGTH = 256
@@ -130,18 +131,33 @@ def _normalise_text(value: object, what: str, max_length: int) -> str:
 
 
 def validate_label(label: object) -> str:
-    """Normalised class label (spaces collapsed, case kept).
+    """Normalised class label, by the rule the detector teaches by
+    (:func:`uq_common.class_labels.normalise_label`): a label stored here is never refused
+    by ``teach_object``.
 
     Raises
     ------
     LabelValidationError
-        Unless a non-empty printable string of at most :data:`MAX_LABEL_LENGTH` characters.
+        Unless the label passes that rule.
     """
-    return _normalise_text(label, 'label', MAX_LABEL_LENGTH)
+    try:
+        return normalise_label(label)
+    except InvalidLabelError as exc:
+        raise LabelValidationError(str(exc)) from None
+
+
+def _same_label(stored: str, label: str) -> bool:
+    # Rows written before labels were case-folded hold e.g. 'Mug': answering 'Mug' (folded
+    # to 'mug') again is the same answer, not a conflict.
+    try:
+        return normalise_label(stored) == label
+    except InvalidLabelError:
+        return stored == label
 
 
 def validate_labeler(labeler: object) -> str:
-    """Normalised labeler name; same rules as :func:`validate_label`."""
+    """Normalised labeler name: printable, surrounding spaces stripped, runs of spaces
+    collapsed, case kept, at most :data:`MAX_LABELER_LENGTH` characters."""
     return _normalise_text(labeler, 'labeler', MAX_LABELER_LENGTH)
 
 
@@ -926,7 +942,7 @@ class LabelStore:
         rid = existing['request_id']
         first = (f"'{existing['label']}' by {existing['labeler']} at "
                  f"{format_time(float(existing['time']))}")
-        if existing['label'] == label:
+        if _same_label(existing['label'], label):
             return AnswerResult(
                 AnswerStatus.DUPLICATE,
                 f'request {rid} already has this answer ({first}); nothing changed',

@@ -1,17 +1,23 @@
 """Corrupt or mistaken model files give errors that name the file, what was expected and
-what was found: the shipped detector and GP artefacts, cut, emptied, swapped and replaced."""
+what was found: the shipped detector and GP artefacts, cut, emptied, swapped and replaced,
+and GP states whose metadata fields are out of range or of the wrong type."""
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from uq_perception.detector import load_detector
-from uq_perception.ntk import LastLayerNTKGP
+from uq_perception.ntk import LastLayerNTKGP, NTKGPConfig
+from uq_perception.ntk.config import MAX_KMEANS_SAMPLES
+from uq_perception.ntk.persistence import read_state, write_state
 
 REPO = Path(__file__).resolve().parents[3]
 DETECTOR = REPO / 'models' / 'detector.pt'
@@ -72,3 +78,101 @@ def test_shipped_files_still_load(tmp_path):
     assert model.model_id
     shutil.copy(GP, tmp_path / 'gp.npz')
     assert LastLayerNTKGP.load(tmp_path / 'gp.npz') is not None
+
+
+def _with_meta(tmp_path: Path, **changes: object) -> Path:
+    """The shipped GP state with metadata fields changed, checksums recomputed (so only
+    the field checks can refuse it)."""
+    meta, arrays = read_state(GP)
+    for key, value in changes.items():
+        if key.startswith('config.'):
+            meta['config'] = dict(meta['config'], **{key[len('config.'):]: value})
+        else:
+            meta[key] = value
+    path = tmp_path / 'edited.npz'
+    write_state(path, meta, arrays)
+    return path
+
+
+@pytest.mark.parametrize(('changes', 'problem'), [
+    ({'ood_threshold': math.nan}, 'ood_threshold must be finite'),
+    ({'ood_threshold': -1.0}, 'ood_threshold must be >= 0'),
+    ({'temperature': 0.0}, 'temperature must be > 0'),
+    ({'temperature': math.nan}, 'temperature must be finite'),
+    ({'temperature': '1.0'}, 'temperature must be a number'),
+    ({'probit_lambda': -50.0}, 'probit_lambda must be >= 0'),
+    ({'probit_lambda': True}, 'probit_lambda must be a number'),
+    ({'feature_dim': math.inf}, 'feature_dim must be an integer'),
+    ({'feature_dim': 64.0}, 'feature_dim must be an integer'),
+    # A misstated size is refused before anything of that size is allocated.
+    ({'feature_dim': 10 ** 6}, r'weight has shape \(6, 64\), expected \(6, 1000000\)'),
+    ({'num_base_classes': None}, 'num_base_classes must be an integer'),
+    ({'class_names': [0, 1, 2, 3, 4, 5]}, 'class_names must be a list of non-empty'),
+    ({'class_names': ['box'] * 6}, 'class_names must be unique'),
+    ({'model_id': 123}, 'model_id must be a string'),
+    ({'applied_updates': 'abc'}, 'applied_updates must be a list'),
+    ({'box_calibration': [1]}, 'box_calibration must hold'),
+    ({'box_calibration': {'coordinates': ['x'], 'noise': [1.0], 'scale': [1.0],
+                          'samples': 'x'}}, 'box_calibration.samples must be an integer'),
+    ({'config.seed': -1}, 'config: seed must be >= 0'),
+    ({'config.entropy_samples': 10 ** 12}, r'config: entropy_samples must be in \[2, 1024\]'),
+    ({'config.entropy_samples': 3}, 'config: entropy_samples must be even'),
+    ({'config.num_experts': '2'}, 'config: num_experts must be an integer'),
+    ({'config.num_experts': 10 ** 9}, 'experts disagree with the configuration'),
+    ({'config.kmeans_samples': 0}, 'config: kmeans_samples must be in'),
+    ({'config.shared_noise': 1}, 'config: shared_noise must be true or false'),
+    ({'config.new_class_margin': math.inf}, 'config: new_class_margin must be finite'),
+    ({'config.unknown': 1}, "config: .*unexpected keyword argument 'unknown'"),
+])
+def test_gp_metadata_out_of_range_or_of_the_wrong_type_is_refused_naming_file_and_field(
+        tmp_path, changes, problem):
+    path = _with_meta(tmp_path, **changes)
+    with pytest.raises(ValueError, match=problem) as info:
+        LastLayerNTKGP.load(path)
+    assert str(path) in str(info.value)
+
+
+def test_gp_metadata_missing_a_field_is_refused(tmp_path):
+    meta, arrays = read_state(GP)
+    del meta['temperature']
+    write_state(tmp_path / 'gp.npz', meta, arrays)
+    with pytest.raises(ValueError, match=r"missing metadata fields \['temperature'\]"):
+        LastLayerNTKGP.load(tmp_path / 'gp.npz')
+
+
+def test_edited_metadata_of_a_checksummed_state_is_refused(tmp_path):
+    LastLayerNTKGP.load(GP).save(tmp_path / 'gp.npz')
+    with np.load(tmp_path / 'gp.npz') as archive:
+        arrays = {k: np.array(archive[k]) for k in archive.files}
+    meta = json.loads(str(arrays.pop('meta')))
+    assert 'meta_digest' in meta
+    meta['temperature'] = 0.5  # in range: only the checksum can tell
+    np.savez(tmp_path / 'gp.npz', meta=np.array(json.dumps(meta)), **arrays)
+    with pytest.raises(ValueError, match='metadata checksum mismatch'):
+        LastLayerNTKGP.load(tmp_path / 'gp.npz')
+
+
+def test_a_state_saved_now_round_trips_and_the_shipped_one_has_no_metadata_checksum(tmp_path):
+    meta, _ = read_state(GP)
+    assert 'meta_digest' not in meta  # written before it existed, and it still loads
+    shipped = LastLayerNTKGP.load(GP)
+    shipped.save(tmp_path / 'gp.npz')
+    again = LastLayerNTKGP.load(tmp_path / 'gp.npz')
+    assert again.temperature == shipped.temperature
+    assert again.ood_threshold == shipped.ood_threshold
+    assert again.class_names == shipped.class_names
+
+
+@pytest.mark.parametrize(('fields', 'problem'), [
+    ({'entropy_samples': 1026}, 'entropy_samples must be in'),
+    ({'entropy_samples': 4.0}, 'entropy_samples must be an integer'),
+    ({'num_experts': True}, 'num_experts must be an integer'),
+    ({'kmeans_samples': MAX_KMEANS_SAMPLES + 1}, 'kmeans_samples must be in'),
+    ({'kmeans_iterations': 0}, 'kmeans_iterations must be in'),
+    ({'seed': -1}, 'seed must be >= 0'),
+    ({'ood_quantile': math.nan}, 'ood_quantile must be finite'),
+    ({'new_class_margin': -1.0}, 'new_class_margin must be >= 0'),
+])
+def test_the_gp_configuration_checks_every_field(fields, problem):
+    with pytest.raises(ValueError, match=problem):
+        NTKGPConfig(**fields)

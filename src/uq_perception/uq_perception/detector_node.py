@@ -10,7 +10,11 @@ Topics (relative names, remap as usual):
 
 - ``image`` (sensor_msgs/Image, in): best-effort, depth 1, so a slow frame makes the
   next ones be dropped instead of queued stale; reliable publishers match too.
-- ``camera_info`` (sensor_msgs/CameraInfo, in, optional): size consistency check.
+- ``camera_info`` (sensor_msgs/CameraInfo, in, optional): size consistency check. An
+  image whose size differs from the latest camera_info's ``width`` x ``height`` (both
+  non-zero) is still processed (the detector resizes every frame), but it is counted
+  (``camera_info_mismatches``) and makes the diagnostics WARN: the intrinsics then do not
+  describe the image, and whatever projects detections with them is off.
 - ``detections`` (uq_msgs/DetectionArray, out): stamped with the image's stamp.
 - ``overlay`` (sensor_msgs/Image, out): boxes coloured by uncertainty (only rendered
   while someone subscribes).
@@ -20,7 +24,9 @@ Topics (relative names, remap as usual):
   DetectionArray published), its parts before the callback (DDS transport, dispatch),
   the backend call's p50 (``forward_p50_ms``) and each frame's latency less its backend
   call (``overhead_p50_ms``, ``overhead_p99_ms``: what the node adds to the network);
-  frames processed, dropped and rejected, inference errors, backend, device, model id.
+  frames processed, dropped and rejected, inference errors, backend, device, model id,
+  the learnt state (``learnt_state``). A learnt state that could not be used (moved aside,
+  ``uq_perception/teaching.py``) keeps the level at WARN until the next configure.
 
 Threads: the image subscription lives on a private input node,
 ``<name>_image_input`` in the same namespace (:class:`ImageInputThread`), served by a
@@ -59,7 +65,12 @@ from rclpy.qos import (
 from sensor_msgs.msg import CameraInfo, Image
 from visualization_msgs.msg import MarkerArray
 
-from uq_common.image_codec import ImageFormatError, image_to_rgb, rgb_to_image_fields
+from uq_common.image_codec import (
+    MAX_IMAGE_PIXELS,
+    ImageFormatError,
+    image_to_rgb,
+    rgb_to_image_fields,
+)
 from uq_common.node_main import node_argument_parser, run_node
 from uq_common.parameters import ParameterSpec, declare_parameters, first_invalid
 from uq_common.rolling_stats import RollingStats
@@ -97,7 +108,7 @@ PARAMETERS = [
                   min_value=1, max_value=100),
     ParameterSpec('tracking_iou', 0.3, 'Minimum IoU to continue an object track.',
                   min_value=0.01, max_value=1.0),
-    ParameterSpec('max_image_pixels', 4096 * 4096,
+    ParameterSpec('max_image_pixels', MAX_IMAGE_PIXELS,
                   'Frames with more pixels are rejected before decoding.',
                   min_value=1, max_value=100_000_000),
     ParameterSpec('diagnostics_period', 1.0, 'Seconds between diagnostics messages.',
@@ -216,6 +227,10 @@ class DetectorNode(LifecycleNode):
         self._info_sub: Any = None
         self._diagnostics_timer: Any = None
         self._teach_service: Any = None
+        # Where teach_object saves labels, and why the learnt state at learned_gp_path could
+        # not be used (set at configure; reported by diagnostics until the next configure).
+        self._learnt_save_path: Path | None = None
+        self._learnt_state_problem = ''
         self._reset_stats()
         if self._params['autostart']:
             self._autostart_timer = self.create_timer(0.0, self._autostart)
@@ -229,8 +244,12 @@ class DetectorNode(LifecycleNode):
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         try:
             self._perception = self._load_perception()
-        except (OSError, ValueError, RuntimeError) as exc:
-            self.get_logger().error(f'configure failed, staying unconfigured: {exc}')
+        except Exception as exc:
+            # rclpy turns an exception escaping this callback into ERROR without a log line;
+            # whatever the cause (a malformed file may raise anything), say it and stay
+            # unconfigured.
+            self.get_logger().error(f'configure failed, staying unconfigured: '
+                                    f'{type(exc).__name__}: {exc}')
             return TransitionCallbackReturn.FAILURE
         reliable = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
         self._outputs = {
@@ -275,6 +294,7 @@ class DetectorNode(LifecycleNode):
             self.destroy_lifecycle_publisher(publisher)
         self._outputs = {}
         self._perception = None
+        self._learnt_save_path, self._learnt_state_problem = None, ''
         return TransitionCallbackReturn.SUCCESS
 
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -314,8 +334,12 @@ class DetectorNode(LifecycleNode):
         model_id = getattr(model, 'model_id', '')
         gp = LastLayerNTKGP.load(p['gp_path'], feature_dim=model.embedding_dim,
                                  model_id=model_id or None)
-        gp, learnt = load_learnt_state(gp, self._learned_gp_path())
-        self.get_logger().info(learnt)
+        learnt = load_learnt_state(gp, self._learned_gp_path())
+        if learnt.problem:
+            self.get_logger().warning(learnt.message)
+        else:
+            self.get_logger().info(learnt.message)
+        gp = learnt.gp
         backend = create_backend(p['backend'], model, engine_path=p['engine_path'] or None)
         if backend.kind != BackendKind.PYTORCH_CPU and p['warmup_frames'] > 0:
             seconds = backend.warm_up(p['warmup_frames'])
@@ -323,6 +347,8 @@ class DetectorNode(LifecycleNode):
                                    f'{p["warmup_frames"]} frames in {seconds:.2f} s')
         self._model_id = gp.model_id
         self._device = backend.device_name
+        self._learnt_save_path = learnt.save_to
+        self._learnt_state_problem = learnt.problem
         return UncertaintyPerception(backend, gp, p['score_threshold'], p['max_detections'],
                                      IoUTracker(p['tracking_iou']))
 
@@ -340,7 +366,7 @@ class DetectorNode(LifecycleNode):
             result_accepted, message, index = False, 'the detector is not configured', -1
         else:
             result = teach(perception.gp, request.request_id, request.label,
-                           request.embedding, request.model_id, self._learned_gp_path(),
+                           request.embedding, request.model_id, self._learnt_save_path,
                            self._params['label_trust'])
             result_accepted, message, index = result.accepted, result.message, result.class_index
         # rclpy ties a severity to each logging call site, hence two calls.
@@ -373,9 +399,24 @@ class DetectorNode(LifecycleNode):
         self._last_arrival: float | None = None
         self._last_problem = ''
         self._camera_info_size: tuple[int, int] | None = None
+        self._size_mismatch = ''
 
     def _on_camera_info(self, msg: CameraInfo) -> None:
-        self._camera_info_size = (msg.height, msg.width)
+        # A zero width or height means an uncalibrated camera (sensor_msgs/CameraInfo):
+        # there is no size to check against.
+        self._camera_info_size = (msg.height, msg.width) if msg.height and msg.width else None
+
+    def _check_size(self, msg: Image) -> None:
+        expected = self._camera_info_size
+        if expected is None or (msg.height, msg.width) == expected:
+            return
+        self._stats.increment('size_mismatches')
+        self._size_mismatch = (f'image size {msg.width}x{msg.height} differs from camera_info '
+                               f'{expected[1]}x{expected[0]}: the intrinsics do not describe '
+                               'the image')
+        # A wrong camera_info usually persists: diagnostics carry it at every period, the
+        # log only now and then.
+        self.get_logger().warning(self._size_mismatch, throttle_duration_sec=10.0)
 
     def _on_image(self, msg: Image, info: dict) -> None:
         arrival, callback_start_ns = time.monotonic(), time.time_ns()
@@ -405,6 +446,7 @@ class DetectorNode(LifecycleNode):
             self._last_problem = f'rejected frame: {exc}'
             self.get_logger().warning(self._last_problem, throttle_duration_sec=1.0)
             return
+        self._check_size(msg)
         try:
             frame = self._perception.process(rgb)
         except (ValueError, RuntimeError) as exc:
@@ -463,6 +505,11 @@ class DetectorNode(LifecycleNode):
         if self._last_arrival is None or now - self._last_arrival > \
                 self._params['stale_input_timeout']:
             level, message = DiagnosticStatus.WARN, 'no images received (stale input)'
+        if self._learnt_state_problem:
+            level, message = DiagnosticStatus.WARN, self._learnt_state_problem
+        if self._size_mismatch:
+            level, message = DiagnosticStatus.WARN, self._size_mismatch
+            self._size_mismatch = ''
         if self._last_problem:
             level, message = DiagnosticStatus.WARN, self._last_problem
             self._last_problem = ''
@@ -480,6 +527,10 @@ class DetectorNode(LifecycleNode):
             'model_id': self._model_id,
             'camera_info': ('x'.join(map(str, self._camera_info_size[::-1]))
                             if self._camera_info_size else 'none'),
+            'camera_info_mismatches': str(counters.get('size_mismatches', 0)),
+            'learnt_state': self._learnt_state_problem or (
+                f'saved to {self._learnt_save_path}' if self._learnt_save_path
+                else 'in memory only'),
         }
         status = DiagnosticStatus(
             level=level, name=f'{self.get_name()}: uncertainty detector', message=message,

@@ -7,27 +7,41 @@ applied whenever it arrives, minutes after the object was seen or after a restar
 applied label is saved atomically with the GP state (:meth:`LastLayerNTKGP.save`, checked
 against the model id on load), together with the label's identifier, so a label delivered
 twice is applied once.
+
+Labels follow the workspace's one class label rule (:mod:`uq_common.class_labels`, which the
+label store applies too): normalised and case-folded, and a label matches a class whose
+name folds to it. At most :data:`MAX_TAUGHT_CLASSES` classes are added to the network's own:
+every class costs each detection's prediction time.
+
+A learnt state that exists but cannot be used (unreadable, corrupt, another model's) is
+never overwritten: :func:`load_learnt_state` moves it aside first, so the labels in it can
+still be recovered.
 """
 
 from __future__ import annotations
 
 import logging
-import re
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from uq_common.class_labels import InvalidLabelError, normalise_label
 
 if TYPE_CHECKING:
     from uq_perception.ntk import LastLayerNTKGP
 
 logger = logging.getLogger(__name__)
 
-MAX_LABEL_LENGTH = 64
-# A class name is shown in overlays, COCO files and RViz: printable, no control characters.
-_LABEL_PATTERN = re.compile(r'^[\w][\w .\-/()]*$')
 MAX_REQUEST_ID_LENGTH = 128
+# Classes that labels may add to the network's own. Each class adds a logit to every
+# detection's prediction (its cost grows linearly: 300 classes made it 14 times slower),
+# and a scene with more distinct unknown objects than this is better served by retraining.
+MAX_TAUGHT_CLASSES = 64
 
 
 @dataclass(frozen=True)
@@ -39,15 +53,40 @@ class TeachResult:
     class_index: int = -1
 
 
-def check_label(label: str) -> str | None:
-    """Why ``label`` cannot be a class name, or ``None`` when it can."""
-    if not isinstance(label, str) or not label.strip():
-        return 'the label is empty'
-    if len(label) > MAX_LABEL_LENGTH:
-        return f'the label has {len(label)} characters, at most {MAX_LABEL_LENGTH} are allowed'
-    if label != label.strip() or not _LABEL_PATTERN.match(label):
-        return (f'the label {label!r} has characters other than letters, digits, spaces and '
-                '. - / ( ) _, or leading/trailing spaces')
+@dataclass(frozen=True)
+class LearntState:
+    """The GP a detector runs after :func:`load_learnt_state`, and what happened.
+
+    Attributes
+    ----------
+    gp
+        The learnt state, or the shipped GP when there is none that can be used.
+    message
+        One sentence saying which and why.
+    problem
+        Empty when all is well; else why the learnt state at the path could not be used
+        (and where it was moved), for the node to report as a degraded state.
+    save_to
+        Where labels are to be saved: the configured path, or ``None`` when an unusable
+        state could not be moved aside (saving would destroy it).
+    """
+
+    gp: LastLayerNTKGP
+    message: str
+    problem: str = ''
+    save_to: Path | None = None
+
+
+def _class_index(names: Sequence[str], label: str) -> int | None:
+    """Index of the class ``label`` (normalised) names: the first whose name normalises to
+    it (base classes and states taught before labels were case-folded keep their own
+    spelling), else ``None``."""
+    for index, name in enumerate(names):
+        try:
+            if normalise_label(name) == label:
+                return index
+        except InvalidLabelError:
+            continue  # a base class outside the rule: no label can name it
     return None
 
 
@@ -76,19 +115,21 @@ def teach(gp: LastLayerNTKGP, request_id: str, label: str, embedding: object,
           model_id: str, save_to: Path | None = None, trust: float = 0.9) -> TeachResult:
     """Apply one label to ``gp`` and save the state to ``save_to`` (when given).
 
-    A label that names one of the GP's classes updates it; another name adds a class. The
-    label is weighted by :func:`label_weight` with ``trust``.
-    Refused with a message, changing nothing: an empty or malformed request id or label,
-    an embedding of the wrong size or with non-finite values, a model id other than the
-    GP's. A save failure keeps the update in memory and says so (it is applied, not yet
-    durable).
+    The label is normalised by the class label rule (:mod:`uq_common.class_labels`); one
+    that names one of the GP's classes (:func:`_class_index`) updates it; another name adds
+    a class. The label is weighted by :func:`label_weight` with ``trust``.
+    Refused with a message, changing nothing: an empty or malformed request id, a label
+    that breaks the rule, a new class beyond :data:`MAX_TAUGHT_CLASSES`, an embedding of the
+    wrong size or with non-finite values, a model id other than the GP's. A save failure
+    keeps the update in memory and says so (it is applied, not yet durable).
     """
     if not isinstance(request_id, str) or not request_id or \
             len(request_id) > MAX_REQUEST_ID_LENGTH or not request_id.isprintable():
         return TeachResult(False, f'invalid request id {request_id!r:.80}')
-    problem = check_label(label)
-    if problem:
-        return TeachResult(False, f'request {request_id}: {problem}')
+    try:
+        label = normalise_label(label)
+    except InvalidLabelError as exc:
+        return TeachResult(False, f'request {request_id}: {exc}')
     if model_id != gp.model_id:
         return TeachResult(False, f'request {request_id}: the embedding comes from model '
                                   f'{model_id!r}, the detector runs {gp.model_id!r}')
@@ -100,14 +141,23 @@ def teach(gp: LastLayerNTKGP, request_id: str, label: str, embedding: object,
         return TeachResult(False, f'request {request_id}: embedding has non-finite or '
                                   'out-of-range values')
     names = list(gp.class_names)
-    index = names.index(label) if label in names else len(names)
-    weight = label_weight(gp, feature, trust)
-    applied = gp.update(feature, index, label, update_id=request_id, weight=weight)
-    if not applied:
+    known = _class_index(names, label)
+    if request_id in gp.applied_updates:
         return TeachResult(True, f'request {request_id}: {label!r} was applied before',
-                           gp.class_names.index(label))
-    kind = 'new class' if index == len(names) else 'class'
-    message = (f'request {request_id}: learnt {kind} {label!r} (index {index}, weight '
+                           -1 if known is None else known)
+    taught = len(names) - gp.num_base_classes
+    if known is None and taught >= MAX_TAUGHT_CLASSES:
+        return TeachResult(False, f'request {request_id}: {label!r} would be a new class, '
+                                  f'and the detector already has {taught} taught classes, the '
+                                  f'most it takes (MAX_TAUGHT_CLASSES); label the object as '
+                                  'one of its classes, or retrain the detector')
+    index = len(names) if known is None else known
+    name = label if known is None else names[known]
+    weight = label_weight(gp, feature, trust)
+    if not gp.update(feature, index, name, update_id=request_id, weight=weight):
+        return TeachResult(True, f'request {request_id}: {name!r} was applied before', index)
+    kind = 'new class' if known is None else 'class'
+    message = (f'request {request_id}: learnt {kind} {name!r} (index {index}, weight '
                f'{weight:.3g} training points)')
     if save_to is not None:
         try:
@@ -118,27 +168,64 @@ def teach(gp: LastLayerNTKGP, request_id: str, label: str, embedding: object,
     return TeachResult(True, message, index)
 
 
-def load_learnt_state(shipped: LastLayerNTKGP, path: Path | None
-                      ) -> tuple[LastLayerNTKGP, str]:
+def move_aside(path: Path, why: str) -> Path:
+    """Rename ``path`` to the free sibling ``<name>.<why>-<UTC time>[-n]`` and return it.
+
+    The new name is reserved with an exclusive create before the rename, so no existing
+    file is ever replaced. Raises ``OSError`` when the folder cannot be written.
+    """
+    stamp = datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')
+    for attempt in range(1000):
+        target = path.with_name(f'{path.name}.{why}-{stamp}' + (f'-{attempt}' if attempt else ''))
+        try:
+            os.close(os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            continue
+        try:
+            os.replace(path, target)
+        except OSError:
+            target.unlink(missing_ok=True)
+            raise
+        return target
+    raise FileExistsError(f'no free name for moving {path} aside: 1000 {path.name}.{why}-{stamp}'
+                          '* files exist')
+
+
+def load_learnt_state(shipped: LastLayerNTKGP, path: Path | None) -> LearntState:
     """The GP to run: the learnt state at ``path`` when it exists and belongs to the same
-    model (same id, feature size and base classes), else ``shipped``; with a sentence
-    saying which and why."""
+    model (same id, feature size and base classes), else ``shipped``.
+
+    A state at ``path`` that cannot be used is moved aside (:func:`move_aside`, to
+    ``<name>.unusable-<UTC time>``) before anything is saved there, and the result's
+    ``problem`` names both paths and the reason. When it cannot be moved, ``save_to`` is
+    ``None``: labels are then kept in memory only, and the file stays as it is.
+    """
     from uq_perception.ntk import LastLayerNTKGP
 
     if path is None:
-        return shipped, 'no learnt state configured (learned_gp_path empty)'
+        return LearntState(shipped, 'no learnt state configured (learned_gp_path empty)')
     if not path.exists():
-        return shipped, f'no learnt state at {path} yet; starting from the shipped GP'
+        return LearntState(shipped, f'no learnt state at {path} yet; starting from the '
+                                    'shipped GP', save_to=path)
     try:
         learnt = LastLayerNTKGP.load(path, feature_dim=shipped.feature_dim,
                                      model_id=shipped.model_id)
+        base = shipped.class_names[:shipped.num_base_classes]
+        if learnt.class_names[:learnt.num_base_classes] != base:
+            raise ValueError(f'its base classes {learnt.class_names[:learnt.num_base_classes]} '
+                             f'are not {base}')
     except (OSError, ValueError) as exc:
-        return shipped, f'ignoring the learnt state {path}: {exc}; starting from the shipped GP'
-    base = shipped.class_names[:shipped.num_base_classes]
-    if learnt.class_names[:learnt.num_base_classes] != base:
-        return shipped, (f'ignoring the learnt state {path}: its base classes '
-                         f'{learnt.class_names[:learnt.num_base_classes]} are not {base}')
-    taught = len(learnt.applied_updates)
-    return learnt, (f'loaded the learnt state {path}: {taught} labels, classes '
-                    f'{learnt.class_names}')
-
+        reason = str(exc)
+    else:
+        return LearntState(learnt, f'loaded the learnt state {path}: '
+                                   f'{len(learnt.applied_updates)} labels, classes '
+                                   f'{learnt.class_names}', save_to=path)
+    try:
+        moved = move_aside(path, 'unusable')
+    except OSError as exc:
+        problem = (f'cannot use the learnt state {path} ({reason}) nor move it aside ({exc}): '
+                   'it is left untouched and new labels are NOT saved')
+        return LearntState(shipped, f'{problem}; starting from the shipped GP', problem)
+    problem = (f'cannot use the learnt state {path} ({reason}): moved it to {moved}, new '
+               f'labels are saved to {path} afresh')
+    return LearntState(shipped, f'{problem}; starting from the shipped GP', problem, path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from enum import Enum
 
@@ -15,6 +16,13 @@ FORMAT_VERSION = 2
 MAX_FEATURE_MAGNITUDE = 1e100
 # Cholesky pivots spanning more than this (squared) ratio are treated as near-singular.
 MAX_CONDITION = 1e12
+# Upper bounds of NTKGPConfig's counts. Entropy draws cost every prediction
+# O(samples x detections x classes) time and memory (32 is the default; 1024 draws of 70
+# classes for 20 detections take 11 MB per frame). k-means holds its sample in memory as
+# float64 (2^20 rows of 128 features: 1 GiB); iterations bound a fit's time.
+MAX_ENTROPY_SAMPLES = 1024
+MAX_KMEANS_SAMPLES = 2 ** 20
+MAX_KMEANS_ITERATIONS = 10_000
 
 
 class Gating(str, Enum):
@@ -27,6 +35,9 @@ class Gating(str, Enum):
 @dataclass(frozen=True)
 class NTKGPConfig:
     """Configuration of :class:`LastLayerNTKGP` (and of the function-space form).
+
+    Every field is checked on construction (types included, so a state file's metadata
+    is validated by the same rule), raising ``ValueError`` that names the field.
 
     Attributes
     ----------
@@ -41,17 +52,20 @@ class NTKGPConfig:
     ood_quantile : float
         In-distribution quantile of the GP variance used by ``calibrate_ood``.
     seed : int
-        Seeds the k-means initialisation, subsampling and the fixed entropy draws.
+        Seeds the k-means initialisation, subsampling and the fixed entropy draws
+        (``>= 0``).
     entropy_samples : int
-        Number of fixed draws for the entropy decomposition (even: antithetic pairs).
+        Number of fixed draws for the entropy decomposition (even: antithetic pairs), at
+        most :data:`MAX_ENTROPY_SAMPLES`.
     kmeans_samples : int
         Rows used to fit k-means (a uniform subsample of an array; the first rows of a
-        stream).
+        stream), at most :data:`MAX_KMEANS_SAMPLES`.
     kmeans_iterations : int
-        Maximum Lloyd iterations.
+        Maximum Lloyd iterations, at most :data:`MAX_KMEANS_ITERATIONS`.
     new_class_margin : float
-        Logit margin of a newly taught class over the best known class at its labelled
-        features; also how far below the mean logit the new class starts elsewhere.
+        Logit margin (finite, ``>= 0``) of a newly taught class over the best known class
+        at its labelled features; also how far below the mean logit the new class starts
+        elsewhere.
     shared_noise : bool
         True: all experts share one noise ``sigma^2`` and each has its own ``delta_m``,
         jointly maximising the sum of the experts' evidences. False: each expert
@@ -75,19 +89,45 @@ class NTKGPConfig:
         except ValueError:
             raise ValueError(f'gating must be one of {[g.value for g in Gating]}, '
                              f'got {self.gating!r}') from None
-        if int(self.num_experts) != self.num_experts or self.num_experts < 1:
-            raise ValueError(f'num_experts must be a positive integer, got {self.num_experts}')
-        if not (math.isfinite(self.probit_lambda) and self.probit_lambda >= 0):
-            raise ValueError(f'probit_lambda must be finite and >= 0, got {self.probit_lambda}')
+        check_integer('num_experts', self.num_experts, 1)
+        check_integer('seed', self.seed, 0)
+        check_integer('entropy_samples', self.entropy_samples, 2, MAX_ENTROPY_SAMPLES)
+        if self.entropy_samples % 2:
+            raise ValueError(f'entropy_samples must be even (antithetic pairs), got '
+                             f'{self.entropy_samples}')
+        check_integer('kmeans_samples', self.kmeans_samples, 1, MAX_KMEANS_SAMPLES)
+        check_integer('kmeans_iterations', self.kmeans_iterations, 1, MAX_KMEANS_ITERATIONS)
+        check_real('probit_lambda', self.probit_lambda, 0.0)
+        check_real('new_class_margin', self.new_class_margin, 0.0)
+        check_real('ood_quantile', self.ood_quantile)
         if not 0.0 < self.ood_quantile < 1.0:
             raise ValueError(f'ood_quantile must lie in (0, 1), got {self.ood_quantile}')
-        if self.entropy_samples < 2 or self.entropy_samples % 2:
-            raise ValueError(
-                f'entropy_samples must be even and >= 2, got {self.entropy_samples}')
-        if self.kmeans_samples < 1 or self.kmeans_iterations < 1:
-            raise ValueError('kmeans_samples and kmeans_iterations must be positive')
-        if not math.isfinite(self.new_class_margin):
-            raise ValueError(f'new_class_margin must be finite, got {self.new_class_margin}')
+        if not isinstance(self.shared_noise, bool):
+            raise ValueError(f'shared_noise must be true or false, got {self.shared_noise!r}')
+
+
+def check_integer(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is an integer (not a bool, not
+    a float) in ``[minimum, maximum]``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f'{name} must be an integer, got {value!r}')
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f'>= {minimum}' if maximum is None else f'in [{minimum}, {maximum}]'
+        raise ValueError(f'{name} must be {bound}, got {value}')
+
+
+def check_real(name: str, value: object, minimum: float | None = None, *,
+               positive: bool = False) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is a finite real number (not a
+    bool), ``>= minimum`` when given, ``> 0`` when ``positive``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f'{name} must be a number, got {value!r}')
+    if not math.isfinite(value):
+        raise ValueError(f'{name} must be finite, got {value}')
+    if minimum is not None and value < minimum:
+        raise ValueError(f'{name} must be >= {minimum}, got {value}')
+    if positive and not value > 0:
+        raise ValueError(f'{name} must be > 0, got {value}')
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import numbers
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -112,6 +113,8 @@ from uq_perception.ntk.config import (
     Gating,
     NTKGPConfig,
     UncertaintyOutput,
+    check_integer,
+    check_real,
 )
 from uq_perception.ntk.evidence import (
     SpectralEvidence,
@@ -804,7 +807,9 @@ class LastLayerNTKGP:
             If ``path`` does not exist.
         ValueError
             If the file is not a readable state of this format and version, is internally
-            inconsistent, or disagrees with an expected value (the message names it).
+            inconsistent, has a metadata field of the wrong type or out of range (every
+            field is checked: :meth:`_check_meta`), or disagrees with an expected value (the
+            message names the file and the field).
         """
         path = Path(path)
         meta, arrays = read_state(path)
@@ -829,30 +834,83 @@ class LastLayerNTKGP:
                         path)
         return model
 
+    @staticmethod
+    def _check_meta(meta: dict[str, Any]) -> NTKGPConfig:
+        """Check the type and range of every metadata field :meth:`save` writes; return the
+        configuration (checked by :class:`NTKGPConfig` itself)."""
+        required = ('feature_dim', 'class_names', 'num_base_classes', 'model_id', 'config',
+                    'ood_threshold', 'probit_lambda', 'temperature')
+        missing = [key for key in required if key not in meta]
+        if missing:
+            raise ValueError(f'missing metadata fields {missing}')
+        check_integer('feature_dim', meta['feature_dim'], 1)
+        check_integer('num_base_classes', meta['num_base_classes'], 2)
+        names = meta['class_names']
+        if not (isinstance(names, list) and names
+                and all(isinstance(n, str) and n and n.isprintable() for n in names)):
+            raise ValueError(f'class_names must be a list of non-empty printable strings, '
+                             f'got {names!r:.200}')
+        if len(set(names)) != len(names) or len(names) < meta['num_base_classes']:
+            raise ValueError(f'class_names must be unique and at least num_base_classes '
+                             f'({meta["num_base_classes"]}), got {names!r:.200}')
+        if not isinstance(meta['model_id'], str):
+            raise ValueError(f'model_id must be a string, got {meta["model_id"]!r:.80}')
+        if meta['ood_threshold'] is not None:
+            check_real('ood_threshold', meta['ood_threshold'], 0.0)
+        check_real('probit_lambda', meta['probit_lambda'], 0.0)
+        check_real('temperature', meta['temperature'], positive=True)
+        updates = meta.get('applied_updates', [])
+        if not (isinstance(updates, list) and all(isinstance(u, str) and u for u in updates)):
+            raise ValueError(f'applied_updates must be a list of non-empty strings, got '
+                             f'{updates!r:.80}')
+        box = meta.get('box_calibration')
+        if box is not None:
+            # Types here; BoxCalibration checks the values' ranges and counts.
+            if not (isinstance(box, dict) and isinstance(box.get('coordinates'), list)
+                    and all(isinstance(c, str) for c in box['coordinates'])
+                    and all(isinstance(box.get(k), list)
+                            and all(isinstance(v, numbers.Real) and not isinstance(v, bool)
+                                    for v in box[k]) for k in ('noise', 'scale'))):
+                raise ValueError(f'box_calibration must hold coordinates (names), noise and '
+                                 f'scale (lists of numbers) and samples, got {box!r:.200}')
+            check_integer('box_calibration.samples', box.get('samples'), 2)
+        if not isinstance(meta['config'], dict):
+            raise ValueError(f'config must be a JSON object, got {meta["config"]!r:.80}')
+        try:
+            return NTKGPConfig(**meta['config'])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f'config: {exc}') from None
+
     @classmethod
     def _from_state(cls, meta: dict[str, Any], arrays: dict[str, np.ndarray]
                     ) -> LastLayerNTKGP:
-        config = NTKGPConfig(**meta['config'])
+        config = cls._check_meta(meta)
         names = list(meta['class_names'])
-        base = int(meta['num_base_classes'])
-        model = cls(arrays['weight'], arrays['bias'], config, names[:base], meta['model_id'])
-        d, c = model.feature_dim, len(names)
-        if int(meta['feature_dim']) != d:
-            raise ValueError(f'feature_dim {meta["feature_dim"]} disagrees with weight {d}')
+        base, d = meta['num_base_classes'], meta['feature_dim']
+        c, p = len(names), d + 1
+        missing = [key for key in ('weight', 'bias', 'centroids', 'gram', 'class_sums',
+                                   'extra_residual', 'sigma2', 'delta') if key not in arrays]
+        if missing:
+            raise ValueError(f'missing arrays {missing}')
         m = int(arrays['sigma2'].shape[0]) if arrays['sigma2'].ndim == 1 else -1
         if m < 1 or (config.gating is Gating.KMEANS and m != config.num_experts) or (
                 config.gating is Gating.CLASS and m != base):
             raise ValueError(f'{m} experts disagree with the configuration')
-        p = d + 1
-        shapes = {'centroids': (m, d), 'gram': (m, p, p), 'class_sums': (m, p, c),
-                  'extra_residual': (m, c - base, p), 'sigma2': (m,), 'delta': (m,)}
+        # Every shape is checked before the model allocates its (M, D+1, D+1) state, so a
+        # file that misstates a size is an error, not an allocation of its misstated size.
+        shapes = {'weight': (base, d), 'bias': (base,), 'centroids': (m, d),
+                  'gram': (m, p, p), 'class_sums': (m, p, c), 'extra_residual': (m, c - base, p),
+                  'sigma2': (m,), 'delta': (m,)}
         for key, shape in shapes.items():
             if arrays[key].shape != shape:
-                raise ValueError(f'{key} has shape {arrays[key].shape}, expected {shape}')
-            if not np.isfinite(arrays[key]).all():
-                raise ValueError(f'{key} has non-finite values')
+                raise ValueError(f'{key} has shape {arrays[key].shape}, expected {shape} '
+                                 f'(feature_dim {d}, {c} classes, {base} base, {m} experts)')
+            if arrays[key].dtype.kind not in 'fiu' or not np.isfinite(arrays[key]).all():
+                raise ValueError(f'{key} has non-finite values or is not a real array '
+                                 f'({arrays[key].dtype})')
         if (arrays['sigma2'] <= 0).any() or (arrays['delta'] <= 0).any():
             raise ValueError('hyperparameters must be positive')
+        model = cls(arrays['weight'], arrays['bias'], config, names[:base], meta['model_id'])
         model.class_names = names
         model._centroids = arrays['centroids'].astype(np.float64)
         model._gram = arrays['gram'].astype(np.float64)
@@ -867,7 +925,7 @@ class LastLayerNTKGP:
         model.ood_threshold = None if threshold is None else float(threshold)
         model.probit_lambda = float(meta['probit_lambda'])
         model.temperature = float(meta['temperature'])
-        model.applied_updates = [str(u) for u in meta.get('applied_updates', [])]
+        model.applied_updates = list(meta.get('applied_updates', []))
         box_meta = meta.get('box_calibration')
         model.box_calibration = None if box_meta is None else BoxCalibration.from_meta(box_meta)
         model._refresh_gating_cache()

@@ -1,4 +1,10 @@
-"""Checksummed, atomically written state files of the NTK-GP engine (``.npz`` + JSON meta)."""
+"""Checksummed, atomically written state files of the NTK-GP engine (``.npz`` + JSON meta).
+
+Two SHA-256 checksums are stored in the metadata: ``digest`` over the arrays and
+``meta_digest`` over the rest of the metadata. Files written before ``meta_digest`` existed
+(the shipped GP among them) have none and still load; their metadata is then guarded by the
+field checks of :meth:`LastLayerNTKGP.load` alone.
+"""
 
 from __future__ import annotations
 
@@ -26,11 +32,23 @@ def arrays_digest(arrays: dict[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
+_DIGEST_KEYS = ('digest', 'meta_digest')
+
+
+def meta_digest(meta: dict[str, Any]) -> str:
+    """SHA-256 over the canonical JSON of ``meta`` without its checksums."""
+    content = {k: v for k, v in meta.items() if k not in _DIGEST_KEYS}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(',', ':'))
+                          .encode()).hexdigest()
+
+
 def write_state(path: str | os.PathLike[str], meta: dict[str, Any],
                 arrays: dict[str, np.ndarray]) -> None:
-    """Write ``meta`` (with the arrays' digest added) and ``arrays`` atomically: a temporary
-    file in the same folder, fsynced, then renamed over ``path``."""
-    meta = dict(meta, digest=arrays_digest(arrays))
+    """Write ``meta`` (with both checksums added, any stale ones replaced) and ``arrays``
+    atomically: a temporary file in the same folder, fsynced, then renamed over ``path``."""
+    # Through JSON first, so the checksum is of exactly what read_state will parse.
+    meta = json.loads(json.dumps({k: v for k, v in meta.items() if k not in _DIGEST_KEYS}))
+    meta.update(digest=arrays_digest(arrays), meta_digest=meta_digest(meta))
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f'.{target.name}.', dir=target.parent or '.')
     try:
@@ -46,7 +64,8 @@ def write_state(path: str | os.PathLike[str], meta: dict[str, Any],
 
 
 def read_state(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Read a file written by :func:`write_state` and check its format, version and digest.
+    """Read a file written by :func:`write_state` and check its format, version and
+    checksums (``meta_digest`` only where the file has one).
 
     Raises
     ------
@@ -74,4 +93,7 @@ def read_state(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
                          f'(this build reads version {FORMAT_VERSION})')
     if meta.get('digest') != arrays_digest(arrays):
         raise ValueError(f'{path}: checksum mismatch, the NTK-GP state file is corrupt')
+    if 'meta_digest' in meta and meta['meta_digest'] != meta_digest(meta):
+        raise ValueError(f'{path}: metadata checksum mismatch, the NTK-GP state file is '
+                         'corrupt or was edited by hand')
     return meta, arrays
