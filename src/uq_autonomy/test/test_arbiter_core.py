@@ -20,6 +20,7 @@ from uq_autonomy.arbiter import (
     UncertaintySignal,
     UncertaintyValues,
     assess_frame,
+    future_stamp_problem,
     stamp_problem,
 )
 from uq_autonomy.arbitration_params import (
@@ -155,6 +156,20 @@ def test_too_many_detections_is_refused_before_any_detection_is_read():
 def test_bad_stamps_are_reported(stamp, clock, needle):
     problem = stamp_problem(stamp, clock, ArbiterConfig())
     assert problem is not None and needle in problem
+
+
+@pytest.mark.parametrize(('stamp', 'ahead'), [
+    (0.0, False), (100.0, False), (100.25, False), (100.3, True), (3700.0, True)])
+def test_future_stamp_rule_is_the_future_half_of_the_stamp_rule(stamp, ahead):
+    """Nodes that accept old frames (ask-for-help) reuse it with their own bound."""
+    cfg = ArbiterConfig()
+    problem = future_stamp_problem(stamp, 100.0, cfg.max_future_stamp_s)
+    if ahead:
+        assert problem == stamp_problem(stamp, 100.0, cfg)
+        assert 'ahead of the clock, more than max_future_stamp_s 0.25' in problem
+    else:
+        assert problem is None  # old frames too: only stamp_problem refuses those
+    assert 'not comparable' in future_stamp_problem(math.nan, 100.0, 0.25)
 
 
 def test_recent_stamps_pass():

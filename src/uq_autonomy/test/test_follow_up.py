@@ -29,6 +29,12 @@ def test_a_right_and_certain_track_and_unbound_tracks_are_left_alone():
     assert teacher.label_of(-1) is None
 
 
+def test_a_class_named_with_capitals_matches_its_case_folded_label():
+    teacher = FollowUpTeacher()
+    teacher.bind(5, 'r1', 'traffic light', now=0.0)
+    assert teacher.observe(0.5, 5, 'Traffic Light', 1e-5, T) is None
+
+
 def test_a_track_unseen_for_the_timeout_or_a_clock_reset_is_forgotten():
     teacher = FollowUpTeacher(FollowUpConfig(track_timeout_s=2.0))
     teacher.bind(5, 'r1', 'cone', now=0.0)
@@ -38,6 +44,16 @@ def test_a_track_unseen_for_the_timeout_or_a_clock_reset_is_forgotten():
     assert teacher.label_of(5) is None and teacher.label_of(6) == 'torus'
     assert teacher.observe(0.1, 6, 'mug', 1e-5, T) is None              # clock went back
     assert teacher.label_of(6) is None
+
+
+def test_a_stamp_from_the_future_forgets_once_and_the_clock_restarts():
+    teacher = FollowUpTeacher(FollowUpConfig(max_per_object=5, min_interval_s=0.0))
+    teacher.observe(1e6, 9, 'mug', 1e-5, T)                             # from the future
+    teacher.bind(5, 'r1', 'cone', now=10.0)
+    assert teacher.observe(10.1, 5, 'cylinder', 1e-4, T) is None        # jump back: reset
+    teacher.bind(5, 'r1', 'cone', now=10.2)
+    assert teacher.observe(10.3, 5, 'cylinder', 1e-4, T) == 'r1#follow-1'
+    assert teacher.observe(10.4, 5, 'cylinder', 1e-4, T) == 'r1#follow-2'
 
 
 def test_zero_turns_it_off_and_bad_limits_are_refused():

@@ -295,6 +295,19 @@ def test_time_going_backwards_resets_clock_bound_state_but_keeps_objects() -> No
     assert policy.counters[Suppression.SAME_OBJECT_EMBEDDING] == 1
 
 
+def test_a_stamp_from_the_future_costs_one_reset_not_every_later_frame() -> None:
+    policy = HelpPolicy(config(cooldown_s=5.0), new_request_id=ids())
+    decisions = feed(policy, [[obs(1, 1.0)]] * 3, t0=1000.0)
+    assert decisions == [] and policy.num_tracks == 1
+    policy.observe(1000.3 + 1e6, [obs(99, 0.0)])
+    # The next real frame is a jump back from that stamp: one reset, and the clock restarts
+    # there, so the frames after it are ordinary again.
+    decisions = feed(policy, [[obs(1, 1.0)]] * 50, t0=1000.3)
+    assert policy.counters['time_reset'] == 1
+    assert [d.track_id for d in decisions] == [1]
+    assert [d.stamp for d in decisions] == [pytest.approx(1000.6)]  # its 4th frame again
+
+
 def test_decision_carries_the_frame_stamp_of_a_reordered_frame() -> None:
     policy = HelpPolicy(config(window_frames=1, min_frames_above=1), new_request_id=ids())
     assert policy.observe(10.0, [obs(1, 1.0, box=(0, 0, 5, 5))])[0].stamp == 10.0

@@ -175,6 +175,54 @@ def test_malformed_answers_are_refused_before_submit(store: LabelStore, body: ob
     assert recorder.calls == []
 
 
+def _raw_post(port: int, head: bytes, body_chunks: list[bytes]) -> bytes:
+    """Send a POST's head and body chunks without ever ending the body, then read what the
+    server answers: it must decide from what it has, not wait for the rest."""
+    with socket.create_connection(('127.0.0.1', port), timeout=10.0) as s:
+        s.sendall(b'POST /api/requests/r1/label HTTP/1.1\r\nHost: 127.0.0.1\r\n'
+                  b'Content-Type: application/json\r\n' + head + b'\r\n')
+        for chunk in body_chunks:
+            s.sendall(chunk)
+        reply = b''
+        while b'\r\n\r\n' not in reply:
+            reply += s.recv(65536)
+        head_part, _, body = reply.partition(b'\r\n\r\n')
+        length = int(next(line.split(b':')[1] for line in head_part.split(b'\r\n')
+                          if line.lower().startswith(b'content-length:')))
+        while len(body) < length:
+            body += s.recv(65536)
+        return head_part + b'\r\n\r\n' + body
+
+
+def test_oversize_answers_are_refused_without_reading_them(store: LabelStore) -> None:
+    store.add_request(pending('r1'))
+    recorder = Recorder(store)
+    server = LabellingServer(store.pending_requests, recorder, WebConfig(port=0)).start()
+    try:
+        # A declared gigabyte: refused on the header, none of it sent.
+        reply = _raw_post(server.port, b'Content-Length: 1000000000\r\n', [])
+        assert reply.startswith(b'HTTP/1.1 413') and b'answer too large' in reply
+        # No length declared (chunked): refused once more than 4 KiB has come, the body
+        # never finished.
+        chunk = b'400\r\n' + b'x' * 0x400 + b'\r\n'
+        reply = _raw_post(server.port, b'Transfer-Encoding: chunked\r\n', [chunk] * 5)
+        assert reply.startswith(b'HTTP/1.1 413') and b'at most 4096 bytes' in reply
+    finally:
+        server.stop()
+    assert recorder.calls == []
+
+
+def test_a_content_length_that_is_no_byte_count_is_refused(store: LabelStore) -> None:
+    store.add_request(pending('r1'))
+    recorder = Recorder(store)
+    response = client(store, recorder).post(
+        '/api/requests/r1/label', content=b'{"label": "mug"}',
+        headers={'content-type': 'application/json', 'content-length': b'\xb2'})
+    assert response.status_code == 400
+    assert 'is not a byte count' in response.json()['message']
+    assert recorder.calls == []
+
+
 def test_bad_request_id_in_the_path(store: LabelStore) -> None:
     response = client(store).post('/api/requests/a%20b/label', json={'label': 'mug'})
     assert response.status_code == 422 and 'is invalid' in response.json()['message']

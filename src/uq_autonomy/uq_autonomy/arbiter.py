@@ -422,9 +422,22 @@ def stamp_problem(stamp_s: float, clock_s: float, config: ArbiterConfig) -> str 
     if age > config.max_frame_age_s:
         return (f'invalid DetectionArray: stamp {age:.3f} s old, more than max_frame_age_s '
                 f'{config.max_frame_age_s:g}')
-    if -age > config.max_future_stamp_s:
-        return (f'invalid DetectionArray: stamp {-age:.3f} s ahead of the clock, more than '
-                f'max_future_stamp_s {config.max_future_stamp_s:g}')
+    return future_stamp_problem(stamp_s, clock_s, config.max_future_stamp_s)
+
+
+def future_stamp_problem(stamp_s: float, clock_s: float, max_future_stamp_s: float) -> str | None:
+    """Why a frame stamped ``stamp_s`` is too far ahead of ``clock_s`` (same clock), or None.
+
+    The future half of :func:`stamp_problem`, for nodes that accept old frames (a bag
+    replayed on the wall clock) but must not let one stamp from the future move their own
+    notion of time ahead.
+    """
+    ahead = stamp_s - clock_s
+    if not math.isfinite(ahead):
+        return f'invalid DetectionArray: stamp {stamp_s} not comparable with the clock'
+    if ahead > max_future_stamp_s:
+        return (f'invalid DetectionArray: stamp {ahead:.3f} s ahead of the clock, more than '
+                f'max_future_stamp_s {max_future_stamp_s:g}')
     return None
 
 

@@ -9,7 +9,9 @@ describes the loop.
 Subscribes
     ``detections`` (uq_msgs/DetectionArray, best-effort) and ``image`` (sensor_msgs/Image,
     best-effort): the last ``image_buffer`` images are kept by stamp, so a request's crop
-    comes from the very frame its detection was made on.
+    comes from the very frame its detection was made on. Frames stamped more than
+    ``max_future_stamp_s`` ahead of the node clock, images larger than the detector accepts
+    and class names the label store would refuse are left out, counted in the diagnostics.
 Publishes
     ``help_request`` (uq_msgs/HelpRequest, reliable + transient-local): each request with its
     crop, candidates and reason; ``/diagnostics``.
@@ -36,11 +38,13 @@ import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.exceptions import InvalidServiceNameException
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.validate_topic_name import validate_topic_name
 from sensor_msgs.msg import Image
 
-from uq_autonomy.arbiter import UncertaintySignal
+from uq_autonomy.arbiter import ArbiterConfig, UncertaintySignal, future_stamp_problem
 from uq_autonomy.crops import box_in_region, crop_region, cut, encode_png
 from uq_autonomy.follow_up import FollowUpConfig, FollowUpTeacher
 from uq_autonomy.help_policy import (
@@ -58,8 +62,15 @@ from uq_autonomy.label_store import (
     LabelValidationError,
     PendingRequest,
     default_store_path,
+    validate_label,
+    validate_labeler,
 )
-from uq_common.image_codec import ImageFormatError, image_to_rgb, rgb_to_image_fields
+from uq_common.image_codec import (
+    MAX_IMAGE_PIXELS,
+    ImageFormatError,
+    image_to_rgb,
+    rgb_to_image_fields,
+)
 from uq_common.node_main import node_argument_parser, run_node
 from uq_common.parameters import ParameterSpec, declare_parameters, first_invalid
 from uq_common.qos import HELP_REQUEST_QOS
@@ -71,6 +82,32 @@ NODE_NAME = 'ask_for_help_node'
 # Bounds on hostile inputs: no camera has more pixels per side, no frame more detections.
 MAX_PIXELS = 100_000.0
 MAX_DETECTIONS = 1000
+# Images buffered for the crops: at most the detector's default pixel cap, so every frame
+# the detector processes can be cropped, and no more; the byte cap allows that many pixels
+# of the widest encoding image_to_rgb reads (32FC3, 12 bytes).
+MAX_IMAGE_BYTES = MAX_IMAGE_PIXELS * 12
+
+
+def _labeler_problem(value: str) -> str | None:
+    """Why ``value`` cannot be the labeler stored with answers (the label store's rule), so
+    that a bad one is refused when set rather than failing every answer later."""
+    try:
+        validate_labeler(value)
+    except LabelValidationError as exc:
+        return str(exc)
+    return None
+
+
+def _service_name_problem(value: str) -> str | None:
+    """Why ``value`` cannot name the detector's service (rclpy would raise at start-up)."""
+    try:
+        validate_topic_name(value, is_service=True)
+    except InvalidServiceNameException as exc:
+        return f'teach_service {value!r} is not a service name: ' \
+               f'{str(exc).splitlines()[0].rstrip(":")}'
+    return None
+
+
 _DEFAULT = HelpPolicyConfig()
 # Policy parameters map one to one onto HelpPolicyConfig fields.
 POLICY_PARAMETERS = [
@@ -117,9 +154,13 @@ PARAMETERS = POLICY_PARAMETERS + [
                   min_value=1, max_value=1000, read_only=True),
     ParameterSpec('crop_margin', 0.25, 'Context around the box in a crop, as a fraction of '
                   'its size.', min_value=0.0, max_value=5.0),
-    ParameterSpec('labeler', 'ros', 'Labeler name stored for answers that give none.'),
+    ParameterSpec('max_future_stamp_s', ArbiterConfig().max_future_stamp_s,
+                  'A DetectionArray stamped further ahead of the node clock than this is '
+                  'ignored (counted in the diagnostics).', min_value=0.001, max_value=3600.0),
+    ParameterSpec('labeler', 'ros', 'Labeler name stored for answers that give none (1-64 '
+                  'printable characters).', check=_labeler_problem),
     ParameterSpec('teach_service', 'teach_object', 'The detector\'s TeachObject service.',
-                  read_only=True),
+                  read_only=True, check=_service_name_problem),
     ParameterSpec('teach_retry_period_s', 2.0, 'Seconds between attempts to teach the '
                   'detector labels it has not acknowledged.', min_value=0.1,
                   max_value=3600.0, read_only=True),
@@ -182,10 +223,32 @@ def detection_problem(d: Any) -> str | None:
     return None
 
 
-def observations(msg: DetectionArray) -> tuple[list[TrackObservation], list[str]]:
-    """The policy's view of each valid detection (adapter, no logic), and why the others
-    were left out."""
+class _StoredLabels:
+    """Class names of one message as the label store keeps them, each checked once: a
+    request carries its detection's class and candidates, and one name the store refuses
+    would fail the request each time the policy raised it."""
+
+    def __init__(self) -> None:
+        self._labels: dict[str, str | None] = {}
+        self.refused: list[str] = []
+
+    def label(self, name: str) -> str | None:
+        """The stored form of ``name``, or ``None`` when the store refuses it (the reason is
+        added to :attr:`refused`)."""
+        if name not in self._labels:
+            try:
+                self._labels[name] = validate_label(name)
+            except LabelValidationError as exc:
+                self._labels[name] = None
+                self.refused.append(f'{name!r:.80}: {exc}')
+        return self._labels[name]
+
+
+def observations(msg: DetectionArray) -> tuple[list[TrackObservation], list[str], list[str]]:
+    """The policy's view of each valid detection (adapter, no logic), why the others were
+    left out, and why class names were left out of them (the detection is kept)."""
     out, problems = [], []
+    labels = _StoredLabels()
     for d in msg.detections:
         problem = detection_problem(d)
         if problem:
@@ -193,17 +256,21 @@ def observations(msg: DetectionArray) -> tuple[list[TrackObservation], list[str]
             continue
         probabilities = list(d.class_probabilities)
         order = np.argsort(probabilities)[::-1][:3] if probabilities else []
+        candidates = []
+        for i in order:
+            label = labels.label(msg.class_names[i]) if i < len(msg.class_names) else None
+            if label is not None:
+                candidates.append(Candidate(label, float(probabilities[i])))
         out.append(TrackObservation(
-            track_id=d.track_id, class_index=d.class_index, class_name=d.class_id,
+            track_id=d.track_id, class_index=d.class_index,
+            class_name=(labels.label(d.class_id) or '') if d.class_id else '',
             gp_variance=d.uncertainty.gp_variance,
             mutual_information=d.uncertainty.mutual_information,
             out_of_distribution=d.uncertainty.out_of_distribution,
             box=(d.center_x, d.center_y, d.width, d.height),
             embedding=np.asarray(d.embedding, dtype=np.float32) if len(d.embedding) else None,
-            candidates=tuple(Candidate(msg.class_names[i], float(probabilities[i]))
-                             for i in order if i < len(msg.class_names)),
-            score=d.score))
-    return out, problems
+            candidates=tuple(candidates), score=d.score))
+    return out, problems, labels.refused
 
 
 def _stamp_s(stamp: Any) -> float:
@@ -224,7 +291,8 @@ class AskForHelpNode(Node):
         self._unacknowledged: OrderedDict[str, LabelRecord] = OrderedDict()
         self._counters = {'requests': 0, 'no_image': 0, 'labels': 0, 'taught': 0,
                           'teach_refused': 0, 'store_errors': 0, 'malformed': 0,
-                          'follow_ups': 0}
+                          'follow_ups': 0, 'future_stamps': 0, 'invalid_class_names': 0,
+                          'oversized_images': 0, 'requests_not_raised': 0}
         self._store_problem = ''
         self._store = self._open_store()
         self._follow_up = FollowUpTeacher(FollowUpConfig(
@@ -308,6 +376,16 @@ class AskForHelpNode(Node):
 
     # --- inputs ------------------------------------------------------------------------
     def _on_image(self, msg: Image) -> None:
+        pixels, size = msg.width * msg.height, len(msg.data)
+        if pixels > MAX_IMAGE_PIXELS or size > MAX_IMAGE_BYTES:
+            # Never buffered: image_buffer of these would hold gigabytes, and no crop could
+            # be cut from one anyway.
+            self._counters['oversized_images'] += 1
+            self.get_logger().warn(
+                f'ignoring an image of {msg.width}x{msg.height} pixels in {size} bytes (at '
+                f'most {MAX_IMAGE_PIXELS} pixels and {MAX_IMAGE_BYTES} bytes)',
+                throttle_duration_sec=5.0)
+            return
         key = (msg.header.stamp.sec, msg.header.stamp.nanosec)
         with self._lock:
             self._images[key] = msg
@@ -316,16 +394,30 @@ class AskForHelpNode(Node):
                 self._images.popitem(last=False)
 
     def _on_detections(self, msg: DetectionArray) -> None:
+        # A stamp from the future would move the policy's clock ahead: every real frame
+        # after it would then look like a jump back in time.
+        clock_s = self.get_clock().now().nanoseconds * 1e-9
+        problem = future_stamp_problem(_stamp_s(msg.header.stamp), clock_s,
+                                       self._params['max_future_stamp_s'])
+        if problem:
+            self._counters['future_stamps'] += 1
+            self.get_logger().warn(f'ignoring an {problem}', throttle_duration_sec=2.0)
+            return
         if len(msg.detections) > MAX_DETECTIONS:
             self._counters['malformed'] += 1
             self.get_logger().warn(f'ignoring a DetectionArray of {len(msg.detections)} '
                                    f'detections (at most {MAX_DETECTIONS})',
                                    throttle_duration_sec=2.0)
             return
-        frame, problems = observations(msg)
+        frame, problems, refused_names = observations(msg)
         if problems:
             self._counters['malformed'] += len(problems)
             self.get_logger().warn(f'ignoring invalid detections: {"; ".join(problems[:3])}',
+                                   throttle_duration_sec=2.0)
+        if refused_names:
+            self._counters['invalid_class_names'] += len(refused_names)
+            self.get_logger().warn('leaving out class names the label store refuses (their '
+                                   f'detections are kept): {"; ".join(refused_names[:3])}',
                                    throttle_duration_sec=2.0)
         with self._lock:
             try:
@@ -340,6 +432,7 @@ class AskForHelpNode(Node):
                     self._raise(decision, msg)
                 except (ValueError, IndexError) as exc:
                     self._policy.cancel(decision.request_id)
+                    self._counters['requests_not_raised'] += 1
                     self.get_logger().error(f'help request {decision.request_id} not raised: '
                                             f'{exc}', throttle_duration_sec=2.0)
             self._last_stamp = _stamp_s(msg.header.stamp)
@@ -364,7 +457,7 @@ class AskForHelpNode(Node):
             return
         try:
             rgb = image_to_rgb(image.height, image.width, image.encoding, image.step,
-                               image.data, bool(image.is_bigendian))
+                               image.data, bool(image.is_bigendian), MAX_IMAGE_PIXELS)
         except (ImageFormatError, ValueError) as exc:
             self._policy.cancel(decision.request_id)
             self.get_logger().warn(f'cannot crop from the image: {exc}',

@@ -10,7 +10,8 @@ the same label: while the answered track is classified as another class or its G
 stays above the threshold, one of its embeddings is taught again, at most ``max_per_object``
 times and at least ``min_interval_s`` apart. Tracks unseen for ``track_timeout_s`` are
 forgotten, and a backwards clock (a restarted detector numbers its tracks anew) forgets all,
-so a label never follows a track id onto another object.
+so a label never follows a track id onto another object; the clock then restarts at that
+stamp, so one stamp from the future does not make every later frame forget all again.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class FollowUpTeacher:
         """
         if now < self._newest - 1.0:
             self._tracks.clear()  # clock reset: track ids no longer mean the same objects
+            self._newest = now
         self._newest = max(self._newest, now)
         for stale in [t for t, b in self._tracks.items()
                       if now - b.last_seen > self.config.track_timeout_s]:
@@ -74,7 +76,8 @@ class FollowUpTeacher:
         if binding is None:
             return None
         binding.last_seen = now
-        if class_name == binding.label and not gp_variance > threshold:
+        # Labels are stored case-folded (uq_common.class_labels); a base class may not be.
+        if class_name.casefold() == binding.label and not gp_variance > threshold:
             return None
         if binding.taught >= self.config.max_per_object or \
                 now - binding.last_taught < self.config.min_interval_s:

@@ -32,10 +32,12 @@ When several tracks qualify in one frame, the most uncertain is asked about firs
 
 Time going backwards by more than ``time_jump_tolerance_s`` (a bag looping, a simulator
 reset) resets everything that is tied to the clock or to track ids (tracks, budget, cooldown,
-the boxes of the IoU fallback); the embeddings and labels of objects already asked about are
-kept, since they do not depend on time. Memory is bounded: tracks unseen for
-``track_timeout_s`` are forgotten, and at most ``max_tracks`` tracks and ``max_objects``
-objects are kept (least recently seen first out).
+the boxes of the IoU fallback), and the policy's clock restarts at the new stamp, so one
+stamp from the future costs one reset rather than every frame until real time catches up
+(the node also refuses frames stamped ahead of its clock); the embeddings and labels of
+objects already asked about are kept, since they do not depend on time. Memory is bounded:
+tracks unseen for ``track_timeout_s`` are forgotten, and at most ``max_tracks`` tracks and
+``max_objects`` objects are kept (least recently seen first out).
 
 Thresholds are calibrated from the detector's validation data with
 :func:`calibrate_threshold`; see ``docs/ask_for_help.md``.
@@ -183,8 +185,9 @@ class HelpPolicyConfig:
     max_tracks, max_objects : int
         Memory bounds: tracks followed, objects (asked about or labelled) remembered.
     time_jump_tolerance_s : float
-        A stamp this much older than the newest seen resets the clock-bound state; smaller
-        steps back (reordered messages) are absorbed.
+        A stamp this much older than the newest seen resets the clock-bound state and
+        restarts the clock at that stamp; smaller steps back (reordered messages) are
+        absorbed.
 
     Raises
     ------
@@ -553,6 +556,9 @@ class HelpPolicy:
             mapping.popitem(last=False)
 
     def _reset_clock(self) -> None:
+        # The newest stamp goes too: kept, a stamp from the far future would make every
+        # later frame look like a jump back and reset again.
+        self._last_stamp = None
         self._tracks.clear()
         self._asked_tracks.clear()  # a tracker restarted with the clock reuses its ids
         self._issued.clear()

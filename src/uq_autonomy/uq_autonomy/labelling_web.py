@@ -292,10 +292,19 @@ def create_app(pending_provider: PendingProvider, submit_label: SubmitLabel,
             return JSONResponse({'accepted': False,
                                  'message': 'send the answer as application/json'},
                                 status_code=415)
-        raw = await request.body()
-        if len(raw) > MAX_BODY_BYTES:
-            return JSONResponse({'accepted': False, 'message': 'answer too large'},
-                                status_code=413)
+        declared = request.headers.get('content-length')
+        if declared is not None:
+            length = _declared_length(declared)
+            if length is None:
+                return JSONResponse({'accepted': False,
+                                     'message': f'malformed answer: Content-Length '
+                                                f'{declared!r:.40} is not a byte count'},
+                                    status_code=400)
+            if length > MAX_BODY_BYTES:
+                return _too_large()  # refused unread: the declared size alone decides
+        raw = await _body_up_to(request, MAX_BODY_BYTES)
+        if raw is None:
+            return _too_large()
         try:
             body = json.loads(raw)
             if not isinstance(body, dict):
@@ -311,6 +320,33 @@ def create_app(pending_provider: PendingProvider, submit_label: SubmitLabel,
         return await _run_submit(submit_label, rid, text, who)
 
     return app
+
+
+def _too_large() -> JSONResponse:
+    return JSONResponse({'accepted': False,
+                         'message': f'answer too large: at most {MAX_BODY_BYTES} bytes'},
+                        status_code=413)
+
+
+def _declared_length(value: str) -> int | None:
+    """The byte count a Content-Length header declares, or ``None`` when it is not one
+    (a number too long to matter reads as 10**18 rather than being parsed)."""
+    if not (value.isascii() and value.isdigit()):
+        return None
+    digits = value.lstrip('0')
+    return int(digits or '0') if len(digits) <= 18 else 10 ** 18
+
+
+async def _body_up_to(request: Request, limit: int) -> bytes | None:
+    """The request body, or ``None`` as soon as it exceeds ``limit`` bytes: a body sent
+    without a Content-Length (chunked) is read no further than that."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b''.join(chunks)
 
 
 async def _run_submit(submit_label: SubmitLabel, rid: str, text: str,

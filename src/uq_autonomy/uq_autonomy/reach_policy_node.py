@@ -5,15 +5,18 @@ Adapts :class:`uq_autonomy.reach_policy.ReachPolicy` to ROS:
 - ``detections`` (uq_msgs/DetectionArray, in, best effort): the detector's output;
 - ``camera_info`` (sensor_msgs/CameraInfo, in, best effort): intrinsics K;
 - ``camera_pose`` (geometry_msgs/PoseStamped, in, transient local): optical frame in world;
-- ``robot_pose`` (geometry_msgs/PoseStamped, in): the gripper's tool point;
+- ``robot_pose`` (geometry_msgs/PoseStamped, in): the gripper's tool point; one with a
+  non-finite position is dropped (counted, warned about) and leaves the gripper unknown
+  until a valid one arrives;
 - ``autonomy/cmd_vel`` (geometry_msgs/Twist, out, every ``period_s``): the proposal, zero
-  while the camera, its pose, the gripper or a target detection is missing, or when the
-  last detections are older than ``detection_timeout_s``; ``linear.z`` negative at the
-  goal (grasp).
+  while the camera, its pose, the gripper or a target detection is missing, when the last
+  detections are older than ``detection_timeout_s``, or should the policy ever compute a
+  non-finite command; ``linear.z`` negative at the goal (grasp).
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import Any
@@ -72,6 +75,7 @@ class ReachPolicyNode(Node):
         self._camera_pose: tuple[tuple[float, float, float], np.ndarray] | None = None
         self._gripper: np.ndarray | None = None
         self._last_detections = -np.inf
+        self._invalid_poses = 0
         self._pub = self.create_publisher(Twist, 'autonomy/cmd_vel', _COMMAND_QOS)
         self.create_subscription(DetectionArray, 'detections', self._on_detections, _SENSOR_QOS)
         self.create_subscription(CameraInfo, 'camera_info', self._on_camera_info, _SENSOR_QOS)
@@ -92,7 +96,21 @@ class ReachPolicyNode(Node):
             self.get_logger().error(f'camera_pose ignored: {exc}')
 
     def _on_robot_pose(self, msg: PoseStamped) -> None:
-        self._gripper = np.array([msg.pose.position.x, msg.pose.position.y])
+        position = (msg.pose.position.x, msg.pose.position.y)
+        if not all(math.isfinite(v) for v in position):
+            # Forgotten, not kept: steering by the last good pose would drive blind.
+            self._gripper = None
+            self._invalid_poses += 1
+            self.get_logger().warn(f'robot_pose ignored: non-finite position {position} '
+                                   f'({self._invalid_poses} so far); proposing zero until a '
+                                   'valid one arrives', throttle_duration_sec=2.0)
+            return
+        self._gripper = np.array(position)
+
+    @property
+    def invalid_poses(self) -> int:
+        """``robot_pose`` messages dropped for a non-finite position."""
+        return self._invalid_poses
 
     def _on_detections(self, msg: DetectionArray) -> None:
         if self._intrinsics is None or self._camera_pose is None or self._gripper is None:
@@ -106,6 +124,10 @@ class ReachPolicyNode(Node):
         fresh = time.monotonic() - self._last_detections <= self._params['detection_timeout_s']
         vx, vy, vz = self._policy.command(self._gripper) if (
             fresh and self._gripper is not None) else (0.0, 0.0, 0.0)
+        if not all(math.isfinite(v) for v in (vx, vy, vz)):
+            self.get_logger().error(f'non-finite command ({vx}, {vy}, {vz}) replaced by zero',
+                                    throttle_duration_sec=2.0)
+            vx, vy, vz = 0.0, 0.0, 0.0
         msg = Twist()
         msg.linear.x, msg.linear.y, msg.linear.z = vx, vy, vz
         self._pub.publish(msg)
