@@ -5,7 +5,9 @@ ENV := source scripts/env.sh &&
 # The launch tests run in `make test` where the launch stack is importable: set UQ_LAUNCH_KIT
 # to a virtualenv built by ../shared/tools/ros2-launch-kit (docs/deployment.md); without it
 # they skip, saying why.
-LAUNCH_KIT := $(if $(UQ_LAUNCH_KIT),source $(UQ_LAUNCH_KIT)/bin/activate && source install/setup.bash &&,)
+# The kit's activate first deactivates .venv, restoring the PATH from before it: the
+# workspace's PATH (.venv/bin, the nodes' lib folders) is appended back after the kit's.
+LAUNCH_KIT := $(if $(UQ_LAUNCH_KIT),_uq_path="$$PATH" && source $(UQ_LAUNCH_KIT)/bin/activate && export PATH="$$PATH:$$_uq_path" && source install/setup.bash &&,)
 
 .PHONY: setup demo test clean laplace
 

@@ -1,9 +1,10 @@
 """Fixtures shared by every test folder of the workspace: rclpy contexts on a ROS domain
 private to the test module, so that test modules running side by side do not hear each
-other."""
+other; and the product's loggers kept propagating under the optional launch kit."""
 
 from __future__ import annotations
 
+import logging
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -33,3 +34,33 @@ def ros_context(request: pytest.FixtureRequest) -> Iterator[Any]:
 def module_ros_context(request: pytest.FixtureRequest) -> Iterator[Any]:
     """An initialised rclpy context shared by the tests of one module."""
     yield from _private_context(request.module.__name__)
+
+
+PRODUCT_PACKAGES = ('uq_autonomy', 'uq_common', 'uq_eval', 'uq_perception', 'uq_sim')
+
+
+@pytest.fixture(autouse=True)
+def _product_loggers_propagate() -> Iterator[None]:
+    """Importing ``launch`` (the launch kit's pytest plugins do, when it is active) makes
+    every logger created afterwards a non-propagating ``LaunchLogger``, which hides the
+    product's log records from ``caplog``. During each test the product's loggers, existing
+    and created, propagate, as they do without the kit."""
+    launch_class = logging.getLoggerClass()
+    if launch_class is logging.Logger:
+        yield
+        return
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger) and name.split('.')[0] in PRODUCT_PACKAGES:
+            logger.propagate = True
+
+    class ProductLoggersPropagate(launch_class):  # type: ignore[valid-type,misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            if self.name.split('.')[0] in PRODUCT_PACKAGES:
+                self.propagate = True
+
+    logging.setLoggerClass(ProductLoggersPropagate)
+    try:
+        yield
+    finally:
+        logging.setLoggerClass(launch_class)
