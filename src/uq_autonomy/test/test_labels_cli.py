@@ -187,8 +187,10 @@ def test_coco_round_trip_and_corrections(filled: Path, tmp_path: Path) -> None:
     edited = out_dir / 'annotations' / 'edited.json'
     edited.write_text(json.dumps(data))
     code, out, err = uq('labels', 'import', str(edited), '--store', str(fresh))
-    assert code == 1 and out.strip() == '1 conflict, 2 duplicate'
+    assert code == 1 and out.strip() == 'nothing imported: 1 conflict'
     assert "request r2 was already answered 'teapot' by alice" in err
+    with LabelStore(fresh) as store:
+        assert store.get_label('r2').label == 'teapot'
     code, out, _ = uq('labels', 'import', str(edited), '--store', str(fresh), '--overrule',
                       '--labeler', 'reviewer')
     assert (code, out.strip()) == (0, '2 duplicate, 1 overruled')
@@ -210,10 +212,16 @@ def test_import_of_foreign_coco_derives_stable_request_ids(tmp_path: Path) -> No
     store_path = tmp_path / 's.sqlite3'
     code, out, err = uq('labels', 'import', str(root / 'labels.json'), '--store',
                         str(store_path))
-    assert code == 1 and out.strip() == '2 invalid, 1 stored'
+    assert code == 2 and out.strip() == 'nothing imported: 2 invalid'
     assert 'labels.json annotation 2: missing field or reference 7' in err
+    with LabelStore(store_path) as store:
+        assert store.labels() == []
+    data['annotations'] = data['annotations'][:1]
+    (root / 'labels.json').write_text(json.dumps(data))
     assert uq('labels', 'import', str(root / 'labels.json'), '--store',
-              str(store_path))[1].strip() == '1 duplicate, 2 invalid'
+              str(store_path))[:2] == (0, '1 stored\n')
+    assert uq('labels', 'import', str(root / 'labels.json'), '--store',
+              str(store_path))[1].strip() == '1 duplicate'
     with LabelStore(store_path) as store:
         (record,) = store.labels()
         assert record.request_id.startswith('import-') and record.labeler == 'import'
@@ -234,11 +242,15 @@ def test_jsonl_answers_pending_requests(filled: Path, tmp_path: Path) -> None:
         '',
     ]))
     code, out, err = uq('labels', 'import', str(answers), '--store', str(filled))
-    assert code == 1
-    assert out.strip() == '1 duplicate, 2 invalid, 2 stored, 1 unknown_request'
+    assert (code, out.strip()) == (2, 'nothing imported: 2 invalid, 1 unknown_request')
     assert "answers.jsonl line 4: unknown request 'ghost'" in err
     assert 'answers.jsonl line 5: label contains the non-printable character' in err
-    assert 'answers.jsonl line 6: JSONDecodeError' in err
+    assert 'answers.jsonl line 6: not valid JSON' in err
+    with LabelStore(filled) as store:
+        assert store.get_label('r4') is None and len(store.pending_requests()) == 2
+    answers.write_text('\n'.join(answers.read_text().splitlines()[:3]))
+    code, out, err = uq('labels', 'import', str(answers), '--store', str(filled))
+    assert (code, out.strip()) == (0, '1 duplicate, 2 stored')
     with LabelStore(filled) as store:
         assert (store.get_label('r4').label, store.get_label('r4').labeler) == ('cone', 'carol')
         assert store.get_label('r6').labeler == 'import'
@@ -310,3 +322,94 @@ def test_export_places_crops_in_their_frame_only_when_the_store_knows_it(
     assert anns['in-frame']['bbox_image'] == [105.0, 66.0, 30.0, 20.0]
     assert 'stamp_ns' not in images['imported']
     assert anns['imported']['bbox_image'] == anns['imported']['bbox'] == [1.0, 1.0, 5.0, 5.0]
+
+
+def _coco_file(tmp_path: Path, annotations: list[object], categories: object = None) -> Path:
+    (tmp_path / 'images').mkdir(exist_ok=True)
+    (tmp_path / 'images' / 'a.png').write_bytes(encode_png(pixels(5, 10, 10)))
+    path = tmp_path / 'labels.json'
+    path.write_text(json.dumps({
+        'images': [{'id': 1, 'file_name': 'a.png'}],
+        'categories': categories if categories is not None else [{'id': 1, 'name': 'cone'}],
+        'annotations': annotations}))
+    return path
+
+
+GOOD = {'id': 1, 'image_id': 1, 'category_id': 1, 'bbox': [1, 1, 5, 5]}
+
+
+@pytest.mark.parametrize('text, message', [
+    ('[' * 100_000 + ']' * 100_000, 'nested too deeply'),
+    ('{"images": [], "annotations": [], "categories": [{"id": ' + '9' * 5000 + '}]}',
+     'is not valid JSON'),
+    ('{"images": [], "annotations": [], "categories": [], "x": NaN}', 'NaN is not a number'),
+    ('{"images": [], "annotations": [], "categories": [], "x": 1e400}', 'out of range'),
+    ('{"images": [], "annotations": [], "categories": 5}', '"categories" must be a list'),
+    ('{"images": [], "annotations": ["x"], "categories": []}',
+     'annotations[0] must be an object'),
+    ('{"images": [{"id": 1}, {"id": 1}], "annotations": [], "categories": []}',
+     'image id 1 appears more than once'),
+    ('{"images": [{"id": [1]}], "annotations": [], "categories": []}',
+     'image 0 needs an integer or string "id"'),
+    ('{"images": [], "annotations": [], "categories": [{"id": 1, "name": "a\\u0007"}]}',
+     'category 1: label contains the non-printable character'),
+])
+def test_import_of_a_malformed_file_exits_2_with_one_line(tmp_path: Path, text: str,
+                                                          message: str) -> None:
+    bad = tmp_path / 'bad.json'
+    bad.write_text(text)
+    code, out, err = uq('labels', 'import', str(bad), '--store', str(tmp_path / 's.sqlite3'))
+    assert code == 2 and out == ''
+    assert err.count('\n') == 1 and str(bad) in err and message in err
+
+
+def test_import_refuses_oversized_and_non_utf8_files(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    bad = tmp_path / 'bad.json'
+    bad.write_bytes(b'{"a": "\xff"}')
+    code, _, err = uq('labels', 'import', str(bad), '--store', str(tmp_path / 's.sqlite3'))
+    assert code == 2 and f'{bad} is not UTF-8 text' in err
+    monkeypatch.setattr('uq_autonomy.label_coco.MAX_IMPORT_BYTES', 8)
+    code, _, err = uq('labels', 'import', str(bad), '--store', str(tmp_path / 's.sqlite3'))
+    assert code == 2 and f'{bad} is 10 bytes; an import file may have at most 8' in err
+
+
+@pytest.mark.parametrize('change, message', [
+    ({'bbox': [1, 1, 5]}, 'bbox must be 4 numbers'),
+    ({'bbox': [1, 1, -5, 5]}, 'width and height >= 0'),
+    ({'bbox': [1, True, 5, 5]}, 'bbox must be 4 numbers'),
+    ({'attributes': {'track_id': 10**30}}, 'track_id must be a 64-bit integer'),
+    ({'attributes': {'track_id': 'x'}}, 'track_id must be a 64-bit integer'),
+    ({'attributes': 'x'}, 'attributes must be an object'),
+    ({'attributes': {'request_id': 'bad id!'}}, "request_id 'bad id!' is invalid"),
+    ({'attributes': {'labeler': 'a\nb'}}, 'labeler contains the non-printable'),
+    ({'image_id': [1]}, 'TypeError'),
+])
+def test_one_invalid_annotation_leaves_the_store_unchanged(tmp_path: Path, filled: Path,
+                                                           change: dict, message: str) -> None:
+    with LabelStore(filled) as store:
+        before = store.labels()
+    path = _coco_file(tmp_path, [GOOD, {**GOOD, 'id': 2, 'bbox': [2, 2, 5, 5], **change}])
+    code, out, err = uq('labels', 'import', str(path), '--store', str(filled))
+    assert (code, out.strip()) == (2, 'nothing imported: 1 invalid')
+    assert 'labels.json annotation 2: ' in err and message in err and 'Traceback' not in err
+    with LabelStore(filled) as store:
+        assert store.labels() == before
+
+
+def test_a_file_labelling_one_request_twice_differently_is_invalid(tmp_path: Path,
+                                                                    filled: Path) -> None:
+    path = _coco_file(tmp_path, [{**GOOD, 'attributes': {'request_id': 'q1'}},
+                                 {**GOOD, 'id': 2, 'category_id': 2,
+                                  'attributes': {'request_id': 'q1'}}],
+                      [{'id': 1, 'name': 'cone'}, {'id': 2, 'name': 'mug'}])
+    code, out, err = uq('labels', 'import', str(path), '--store', str(tmp_path / 's.sqlite3'))
+    assert code == 2 and 'annotation 2: the file labels request q1 twice, differently' in err
+    answers = tmp_path / 'a.jsonl'
+    answers.write_text('{"request_id": "r4", "label": "cone"}\n'
+                       '{"request_id": "r4", "label": "Cone"}\n'
+                       '{"request_id": "r4", "label": "mug"}\n[1]\n')
+    code, out, err = uq('labels', 'import', str(answers), '--store', str(filled))
+    assert (code, out.strip()) == (2, 'nothing imported: 2 invalid')
+    assert "line 3: the file answers request r4 twice, differently ('cone', then 'mug')" in err
+    assert 'line 4: expected a JSON object, got list' in err

@@ -28,7 +28,8 @@ also places each crop in its camera frame, where the store knows it:
 ``info.exhaustive`` is false: a help label names one object the robot asked about, not
 every object in the frame, so the labels are partial (no AP can be computed from them).
 
-Import reads either such a COCO file (re-imported after corrections in another tool: the
+Import is all or nothing (every entry is checked before any is stored) and reads either
+such a COCO file (re-imported after corrections in another tool: the
 request id comes back from ``attributes.request_id``, else it is derived from the image bytes
 and box so a second import of the same file is idempotent) or a JSON-lines file of answers
 to pending requests, one ``{"request_id": ..., "label": ..., "labeler": ...}`` per line
@@ -49,16 +50,23 @@ from typing import Any
 
 from uq_autonomy.crops import png_size
 from uq_autonomy.label_store import (
-    AnswerResult,
+    MAX_CROP_BYTES,
     AnswerStatus,
     LabelRecord,
     LabelStore,
     LabelValidationError,
     format_time,
+    validate_label,
+    validate_labeler,
+    validate_request_id,
 )
+from uq_common.json_text import parse_json
 
 IMAGES_DIR = 'images'
 ANNOTATIONS_FILE = 'annotations/instances_default.json'
+#: Largest import file read (bytes). An export's JSON is about 1 KB per label, crops are
+#: separate files, so this is far above any real file and keeps a hostile one out of memory.
+MAX_IMPORT_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -78,11 +86,18 @@ class ImportSummary:
 
     counts: dict[str, int] = field(default_factory=dict)
     messages: list[str] = field(default_factory=list)
+    #: True when an entry was invalid or refused, so the store was left unchanged.
+    stored_nothing: bool = False
 
     def add(self, status: str, message: str | None = None) -> None:
         self.counts[status] = self.counts.get(status, 0) + 1
         if message:
             self.messages.append(message)
+
+    @property
+    def invalid(self) -> int:
+        """Entries that break the file format or the store's rules."""
+        return self.counts.get('invalid', 0)
 
     @property
     def refused(self) -> int:
@@ -192,63 +207,199 @@ def export_coco(store: LabelStore, directory: str | os.PathLike[str], *,
                              [c['name'] for c in dataset['categories']], skipped)
 
 
-def _record_result(summary: ImportSummary, where: str, result: AnswerResult) -> None:
-    message = None if result.accepted else f'{where}: {result.message}'
-    summary.add(result.status.value, message)
+@dataclass(frozen=True)
+class _Entry:
+    """One checked entry of an import file: a COCO label (``record``) or an answer."""
+
+    where: str
+    request_id: str
+    label: str
+    labeler: str
+    record: LabelRecord | None = None
 
 
-def _import_coco(store: LabelStore, path: Path, data: dict[str, Any], labeler: str | None,
-                 overrule: bool, summary: ImportSummary) -> None:
-    categories = {c['id']: c['name'] for c in data.get('categories', [])}
-    images = {img['id']: img for img in data.get('images', [])}
-    now = datetime.now().timestamp()
-    for index, ann in enumerate(data.get('annotations', [])):
-        where = f'{path.name} annotation {ann.get("id", index)}'
+def _read_import_text(path: Path) -> str:
+    size = path.stat().st_size
+    if size > MAX_IMPORT_BYTES:
+        raise ValueError(f'{path} is {size} bytes; an import file may have at most '
+                         f'{MAX_IMPORT_BYTES} (the crops are separate files)')
+    try:
+        return path.read_bytes().decode('utf-8')
+    except UnicodeDecodeError as err:
+        raise ValueError(f'{path} is not UTF-8 text ({err.reason} at byte {err.start})') from None
+
+
+def _objects(path: Path, data: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    items = data[key]
+    if not isinstance(items, list):
+        raise ValueError(f'{path}: "{key}" must be a list, got {type(items).__name__}')
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ValueError(f'{path}: {key}[{index}] must be an object, got '
+                             f'{type(item).__name__}')
+    return items
+
+
+def _by_id(path: Path, items: list[dict[str, Any]], what: str) -> dict[int | str, Any]:
+    """``items`` keyed by their ``id``; a missing, non-scalar or repeated id is an error
+    (with a repeated id, which entry an annotation means is a guess)."""
+    out: dict[int | str, Any] = {}
+    for index, item in enumerate(items):
+        key = item.get('id')
+        if isinstance(key, bool) or not isinstance(key, (int, str)):
+            raise ValueError(f'{path}: {what} {index} needs an integer or string "id", got '
+                             f'{_shown(key)}')
+        if key in out:
+            raise ValueError(f'{path}: {what} id {_shown(key)} appears more than once')
+        out[key] = item
+    return out
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + '...'
+
+
+def _bbox(value: object) -> tuple[float, float, float, float]:
+    if not isinstance(value, list) or len(value) != 4 or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        raise ValueError(f'bbox must be 4 numbers [x, y, width, height], got {_shown(value)}')
+    x, y, w, h = (float(v) for v in value)
+    if not all(math.isfinite(v) for v in (x, y, w, h)) or w < 0.0 or h < 0.0:
+        raise ValueError(f'bbox must be finite with width and height >= 0, got '
+                         f'{_shown(value)}')
+    return x, y, w, h
+
+
+def _track_id(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not -2**63 <= value < 2**63:
+        raise ValueError(f'track_id must be a 64-bit integer, got {_shown(value)}')
+    return value
+
+
+def _read_crop(annotations_path: Path, file_name: object) -> bytes:
+    if not isinstance(file_name, str):
+        raise ValueError(f'image file_name must be a string, got {_shown(file_name)}')
+    image_path = _find_image(annotations_path, file_name)
+    size = image_path.stat().st_size
+    if size > MAX_CROP_BYTES:
+        raise ValueError(f'{image_path} is {size} bytes; a crop may have at most '
+                         f'{MAX_CROP_BYTES}')
+    return image_path.read_bytes()
+
+
+def _coco_entries(path: Path, data: dict[str, Any], labeler: str | None,
+                  summary: ImportSummary) -> list[_Entry]:
+    """Every annotation as a checked label; an invalid one is counted in ``summary``."""
+    categories = {}
+    for key, category in _by_id(path, _objects(path, data, 'categories'), 'category').items():
         try:
-            image = images[ann['image_id']]
-            label = categories[ann['category_id']]
-            crop = _find_image(path, image['file_name']).read_bytes()
-            attributes = ann.get('attributes') or {}
-            bbox = [float(v) for v in ann['bbox']]
-            request_id = attributes.get('request_id') or image.get('request_id') or (
-                'import-' + hashlib.sha256(
-                    crop + json.dumps([label, bbox]).encode()).hexdigest()[:24])
-            record = LabelRecord(
-                request_id=request_id, label=label,
-                labeler=labeler or attributes.get('labeler') or 'import',
-                time=_parse_time(attributes.get('time')) or now,
-                model_id=attributes.get('model_id') or '', crop_png=crop,
-                box=tuple(bbox),  # type: ignore[arg-type]
-                track_id=int(attributes.get('track_id', -1)), source='import')
-            result = store.put_label(record, overrule=overrule)
-        except (KeyError, TypeError, ValueError, OSError) as err:
-            summary.add('invalid', f'{where}: {_describe(err)}')
-            continue
-        _record_result(summary, where, result)
-
-
-def _import_answers(store: LabelStore, path: Path, labeler: str | None, overrule: bool,
-                    summary: ImportSummary) -> None:
-    with path.open(encoding='utf-8') as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f'{path.name} line {number}'
+            categories[key] = validate_label(category.get('name'))
+        except LabelValidationError as err:
+            raise ValueError(f'{path}: category {_shown(key)}: {err}') from None
+    images = _by_id(path, _objects(path, data, 'images'), 'image')
+    annotations = _objects(path, data, 'annotations')
+    _by_id(path, annotations, 'annotation')
+    now = datetime.now().timestamp()
+    entries = []
+    # The store's own checks decide validity (one rule); a scratch store takes the writes,
+    # so that a file answering one request twice differently is caught here, not half-way.
+    with tempfile.TemporaryDirectory() as scratch_dir, \
+            LabelStore(Path(scratch_dir) / 'check.sqlite3') as scratch:
+        for ann in annotations:
+            where = f'{path.name} annotation {_shown(ann["id"])}'
             try:
-                entry = json.loads(line)
-                result = store.answer(entry['request_id'], entry['label'],
-                                      labeler or entry.get('labeler') or 'import',
-                                      overrule=overrule, source='import')
-            except (KeyError, TypeError, ValueError) as err:
+                image = images[ann['image_id']]
+                label = categories[ann['category_id']]
+                crop = _read_crop(path, image.get('file_name'))
+                attributes = ann.get('attributes') or {}
+                if not isinstance(attributes, dict):
+                    raise ValueError(f'attributes must be an object, got {_shown(attributes)}')
+                bbox = _bbox(ann.get('bbox'))
+                request_id = attributes.get('request_id') or image.get('request_id') or (
+                    'import-' + hashlib.sha256(
+                        crop + json.dumps([label, bbox]).encode()).hexdigest()[:24])
+                record = LabelRecord(
+                    request_id=request_id, label=label,
+                    labeler=labeler or attributes.get('labeler') or 'import',
+                    time=_parse_time(attributes.get('time')) or now,
+                    model_id=attributes.get('model_id') or '', crop_png=crop, box=bbox,
+                    track_id=_track_id(attributes.get('track_id', -1)), source='import')
+                result = scratch.put_label(record)
+            except (KeyError, TypeError, ValueError, OSError) as err:
                 summary.add('invalid', f'{where}: {_describe(err)}')
                 continue
-            _record_result(summary, where, result)
+            if result.status is AnswerStatus.CONFLICT:
+                summary.add('invalid', f'{where}: the file labels request {request_id} '
+                                       f'twice, differently')
+                continue
+            entries.append(_Entry(where, request_id, label, record.labeler, record))
+    return entries
+
+
+def _answer_entries(path: Path, text: str, labeler: str | None,
+                    summary: ImportSummary) -> list[_Entry]:
+    """Every line as a checked answer; an invalid one is counted in ``summary``."""
+    entries = []
+    answered: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f'{path.name} line {number}'
+        try:
+            entry = parse_json(line)
+            if not isinstance(entry, dict):
+                raise ValueError(f'expected a JSON object, got {type(entry).__name__}')
+            rid = validate_request_id(entry['request_id'])
+            label = validate_label(entry['label'])
+            who = validate_labeler(labeler or entry.get('labeler') or 'import')
+        except (KeyError, TypeError, ValueError) as err:
+            summary.add('invalid', f'{where}: {_describe(err)}')
+            continue
+        if answered.setdefault(rid, label) != label:
+            summary.add('invalid', f'{where}: the file answers request {rid} twice, '
+                                   f"differently ('{answered[rid]}', then '{label}')")
+            continue
+        entries.append(_Entry(where, rid, label, who))
+    return entries
+
+
+def _refusal(store: LabelStore, entry: _Entry, overrule: bool,
+             answers: bool) -> tuple[AnswerStatus, str] | None:
+    """Why the store would refuse ``entry`` (the store's rules, checked without writing)."""
+    existing = store.get_label(entry.request_id)
+    if existing is not None:
+        if overrule or _same_label(existing.label, entry.label):
+            return None
+        return (AnswerStatus.CONFLICT,
+                f"request {entry.request_id} was already answered '{existing.label}' by "
+                f"{existing.labeler}; the new answer '{entry.label}' is refused (import with "
+                f'--overrule to replace it)')
+    if not answers:
+        return None
+    request = store.get_request(entry.request_id)
+    if request is None:
+        return (AnswerStatus.UNKNOWN_REQUEST,
+                f'unknown request {entry.request_id!r}: no such help request was raised (or '
+                f'it is from another label store)')
+    if request.status == 'withdrawn':
+        return AnswerStatus.WITHDRAWN, f'request {entry.request_id!r} was withdrawn'
+    return None
+
+
+def _same_label(stored: str, label: str) -> bool:
+    try:
+        return validate_label(stored) == label
+    except LabelValidationError:
+        return stored == label
 
 
 def _describe(err: Exception) -> str:
     if isinstance(err, KeyError):
         return f'missing field or reference {err}'
-    if isinstance(err, LabelValidationError):
+    if isinstance(err, json.JSONDecodeError):
+        return f'not valid JSON ({err})'
+    if isinstance(err, ValueError):
         return str(err)
     if isinstance(err, OSError):
         return f'cannot read {err.filename}: {err.strerror}'
@@ -282,31 +433,51 @@ def import_labels(store: LabelStore, path: str | os.PathLike[str], *,
                   labeler: str | None = None, overrule: bool = False) -> ImportSummary:
     """Import a COCO annotations file (``.json``) or a JSON-lines answers file (``.jsonl``).
 
-    Every entry is its own transaction: a refused or invalid entry is reported in the
-    summary and the rest still go in.
+    All or nothing: every entry is checked first, by the store's rules and against the
+    store's labels and requests; when one is invalid or would be refused, the summary lists
+    them all and nothing is stored (``summary.stored_nothing``).
 
     Raises
     ------
     ValueError
-        When the file is neither valid COCO JSON nor JSON lines.
+        When the file is larger than :data:`MAX_IMPORT_BYTES`, not UTF-8, not valid JSON
+        (NaN, Infinity and overflowing numbers included) or not COCO-shaped; the message
+        names the file.
     OSError
         When it cannot be read.
     LabelStoreError
-        When the store cannot be written (the entries before the failure are stored).
+        When the store cannot be read or written; a write failure after the checks leaves
+        the entries before it stored.
     """
     p = Path(path)
     summary = ImportSummary()
-    if p.suffix.lower() == '.jsonl':
-        _import_answers(store, p, labeler, overrule, summary)
+    text = _read_import_text(p)
+    answers = p.suffix.lower() == '.jsonl'
+    if answers:
+        entries = _answer_entries(p, text, labeler, summary)
+    else:
+        try:
+            data = parse_json(text)
+        except ValueError as err:
+            raise ValueError(f'{p} is not valid JSON ({err}); expected a COCO annotations '
+                             f'file or a .jsonl file of answers') from None
+        if not isinstance(data, dict) or not {'images', 'annotations', 'categories'} <= set(data):
+            raise ValueError(f'{p} is not a COCO annotations file (it needs images, '
+                             f'annotations and categories)')
+        entries = _coco_entries(p, data, labeler, summary)
+    for entry in entries:
+        refusal = _refusal(store, entry, overrule, answers)
+        if refusal is not None:
+            summary.add(refusal[0].value, f'{entry.where}: {refusal[1]}')
+    if summary.counts:
+        summary.stored_nothing = True
         return summary
-    try:
-        data = json.loads(p.read_text(encoding='utf-8'))
-    except json.JSONDecodeError as err:
-        raise ValueError(f'{p} is not valid JSON ({err}); expected a COCO annotations file '
-                         f'or a .jsonl file of answers') from err
-    if not isinstance(data, dict) or not {'images', 'annotations', 'categories'} <= set(data):
-        raise ValueError(f'{p} is not a COCO annotations file (it needs images, annotations '
-                         f'and categories)')
-    _import_coco(store, p, data, labeler, overrule, summary)
+    for entry in entries:
+        if entry.record is not None:
+            result = store.put_label(entry.record, overrule=overrule)
+        else:
+            result = store.answer(entry.request_id, entry.label, entry.labeler,
+                                  overrule=overrule, source='import')
+        summary.add(result.status.value,
+                    None if result.accepted else f'{entry.where}: {result.message}')
     return summary
-

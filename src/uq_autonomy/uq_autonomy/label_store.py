@@ -56,7 +56,12 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from uq_autonomy.crops import PNG_SIGNATURE, png_size
-from uq_common.class_labels import MAX_LABEL_LENGTH, InvalidLabelError, normalise_label
+from uq_common.class_labels import (
+    MAX_LABEL_LENGTH,
+    InvalidLabelError,
+    is_request_id,
+    normalise_label,
+)
 from uq_common.str_enum import StrEnum
 
 _log = logging.getLogger(__name__)
@@ -68,7 +73,6 @@ MAX_MODEL_ID_LENGTH = 256
 MAX_CANDIDATES = 100
 MAX_CROP_BYTES = 8 * 1024 * 1024
 MAX_EMBEDDING_DIM = 65536
-REQUEST_ID_PATTERN = re.compile(r'[A-Za-z0-9][A-Za-z0-9._:-]{0,127}')
 ENV_STORE_PATH = 'UQ_LABEL_STORE'
 
 
@@ -173,7 +177,7 @@ def validate_request_id(request_id: object) -> str:
     if not isinstance(request_id, str):
         raise LabelValidationError(
             f'request_id must be a string, got {type(request_id).__name__}')
-    if not REQUEST_ID_PATTERN.fullmatch(request_id):
+    if not is_request_id(request_id):
         shown = request_id if len(request_id) <= 40 else request_id[:40] + '...'
         raise LabelValidationError(
             f'request_id {shown!r} is invalid: use 1-128 characters of letters, digits, '

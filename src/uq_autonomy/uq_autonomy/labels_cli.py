@@ -5,8 +5,8 @@ They work on the label store file directly (``--store``; default ``$UQ_LABEL_STO
 imported while the ask-for-help node runs reach the detector when it next replays the store.
 
 Exit status: 0 when everything was done; 1 when the store could not be used or an entry was
-refused (the messages say which and why); 2 on an unreadable or malformed input file or
-export directory.
+refused (the messages say which and why); 2 on an unreadable or malformed input file (an
+invalid entry included) or export directory. An import stores all its entries or none.
 
 Kept cheap to import: the store and NumPy load inside the ``run`` functions.
 """
@@ -145,7 +145,7 @@ def configure_import(parser: argparse.ArgumentParser) -> None:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    """Import the file entry by entry and print a summary of what happened."""
+    """Import the file (all entries or none) and print a summary of what happened."""
     from uq_autonomy.label_coco import import_labels
     from uq_autonomy.label_store import (
         LabelStore,
@@ -176,5 +176,10 @@ def run_import(args: argparse.Namespace) -> int:
     for message in summary.messages:
         print(message, file=sys.stderr)
     counts = ', '.join(f'{n} {status}' for status, n in sorted(summary.counts.items()))
+    if summary.stored_nothing:
+        print(f'nothing imported: {counts}')
+        print(f'error: {args.file}: the store is unchanged; fix or remove the entries above '
+              f'(an import is all or nothing)', file=sys.stderr)
+        return 2 if summary.invalid else 1
     print(counts or 'nothing to import')
     return 1 if summary.refused else 0

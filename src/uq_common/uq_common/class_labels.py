@@ -17,11 +17,19 @@ import re
 import unicodedata
 
 MAX_LABEL_LENGTH = 64
+# Identifiers of help requests, which every answer quotes: 1-128 characters of
+# ``A-Z a-z 0-9 . _ : -``, starting with a letter or digit.
+REQUEST_ID_PATTERN = re.compile(r'[A-Za-z0-9][A-Za-z0-9._:-]{0,127}')
 _LABEL_PATTERN = re.compile(r'[\w][\w .\-/()]*')
 
 
 class InvalidLabelError(ValueError):
     """A label breaks the class label rule; the message says which part and why."""
+
+
+def is_request_id(value: object) -> bool:
+    """Whether ``value`` is a help request's identifier by :data:`REQUEST_ID_PATTERN`."""
+    return isinstance(value, str) and REQUEST_ID_PATTERN.fullmatch(value) is not None
 
 
 def normalise_label(label: object) -> str:
