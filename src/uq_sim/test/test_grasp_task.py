@@ -5,7 +5,14 @@ import json
 import numpy as np
 import pytest
 
-from uq_sim.grasp_task import GRIPPER_HOME, TARGET_CLASS, TaskMonitor, make_trial
+from uq_sim.grasp_task import (
+    GRIPPER_HOME,
+    TARGET_CLASS,
+    ResetRequest,
+    TaskMonitor,
+    make_trial,
+    parse_reset_request,
+)
 from uq_sim.robot import VelocityGripper
 from uq_sim.scripted_operator import OperatorConfig, ScriptedOperator
 
@@ -86,3 +93,25 @@ def test_supervising_operator_reacts_late_and_hands_off_keeps_still():
     assert hands_off.command((0.0, 0.0), 1.0) == (0.0, 0.0, 0.0)
     with pytest.raises(ValueError, match='mode must be one of'):
         OperatorConfig(mode='sleepy')
+
+
+def test_a_valid_reset_request_is_parsed_with_its_defaults():
+    assert parse_reset_request('{"seed": 4}') == ResetRequest(4, None, -1)
+    assert parse_reset_request('{"seed": 2147483647, "lookalike": false, "request_id": 9}') \
+        == ResetRequest(2**31 - 1, False, 9)
+
+
+@pytest.mark.parametrize('text, match', [
+    ('{"seed": Infinity}', 'not a number JSON allows'),
+    ('{"seed": NaN}', 'not a number JSON allows'), ('{"seed": 1.7}', 'seed'),
+    ('{"seed": true}', 'seed'), ('{"seed": "3"}', 'seed'), ('{"seed": -1}', 'seed'),
+    ('{"seed": 2147483648}', 'seed'), ('{}', 'seed'),
+    ('{"seed": 1, "lookalike": 1}', 'lookalike'), ('{"seed": 1, "lookalike": 1.0}', 'lookalike'),
+    ('{"seed": 1, "request_id": 1e3}', 'request_id'),
+    ('{"seed": 1, "request_id": 9223372036854775808}', 'request_id'),
+    ('[' * 1000, 'nested too deeply'), ('[1, 2]', 'JSON object'), ('seed=1', 'not JSON'),
+    ('{"seed": 1, "pad": "' + 'x' * 2000 + '"}', 'characters long'),
+])
+def test_a_malformed_reset_request_is_refused_by_rule(text, match):
+    with pytest.raises(ValueError, match=match):
+        parse_reset_request(text)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
 import pytest
 
 from uq_sim.scripted_labeller import (
+    MAX_PENDING,
+    MAX_REMEMBERED_IDS,
     LabellerConfig,
     ScriptedLabeller,
     TruthObject,
@@ -104,3 +107,31 @@ def test_node_refuses_an_invalid_parameter_at_start():
          '-p', 'no_match:=guess'], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
     assert 'no_match' in result.stderr
+
+
+@pytest.mark.parametrize('request_id, box', [
+    ('', MUG.box), ('x' * 129, MUG.box), ('id\nforged log line', MUG.box), ('-lead', MUG.box),
+    ('ok', (math.nan, 1.0, 2.0, 2.0)), ('ok', (1.0, 1.0, math.inf, 2.0)),
+    ('ok', (1.0, 1.0, 0.0, 2.0)), ('ok', (1.0, 1.0, 2.0, -1.0)),
+])
+def test_a_malformed_request_is_refused_and_never_answered(request_id, box):
+    labeller = ScriptedLabeller(LabellerConfig(answer_delay_s=0.0, no_match='label'))
+    labeller.add_ground_truth(10, [MUG])
+    with pytest.raises(ValueError):
+        labeller.add_request(request_id, 10, box, now=0.0)
+    assert labeller.pending == 0 and labeller.due(100.0) == []
+
+
+def test_a_flood_of_requests_is_bounded():
+    labeller = ScriptedLabeller(LabellerConfig(answer_delay_s=10.0))
+    for k in range(MAX_PENDING):
+        labeller.add_request(f'r{k}', 10, MUG.box, now=0.0)
+    with pytest.raises(ValueError, match='wait already'):
+        labeller.add_request('one-more', 10, MUG.box, now=0.0)
+    assert labeller.pending == MAX_PENDING
+    labeller.due(20.0)  # all answered (no ground truth): the ids stay remembered, bounded
+    for k in range(MAX_REMEMBERED_IDS):
+        labeller.add_request(f's{k}', 10, MUG.box, now=30.0)
+        labeller.due(1e9)
+    assert len(labeller._seen) == MAX_REMEMBERED_IDS
+    assert labeller.add_request('r0', 10, MUG.box, now=40.0), 'the oldest id was forgotten'

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from uq_common.json_text import parse_json_object
 from uq_sim.objects import make_object
 
 TARGET_CLASS = 'ellipsoid'
@@ -30,6 +31,48 @@ DISTRACTOR_CLASSES = ('box', 'sphere', 'cylinder', 'mug')
 # The gripper starts behind the objects (seen from the camera), so on its way it never
 # hides the target from the camera: the arm rises above the tool point.
 GRIPPER_HOME = (0.0, 0.21)
+MAX_SEED = 2**31 - 1  # the sim's ``seed`` parameter has the same range
+# A reset request is a few dozen characters; anything much longer is malformed or hostile.
+MAX_RESET_REQUEST_CHARS = 1024
+_INT64 = (-2**63, 2**63 - 1)
+
+
+@dataclass(frozen=True)
+class ResetRequest:
+    """A ``reset_task`` request: the trial seed, whether it has a look-alike (``None``:
+    drawn), and the harness's tag echoed in ``task_state``."""
+
+    seed: int
+    lookalike: bool | None
+    request_id: int = -1
+
+
+def parse_reset_request(text: str) -> ResetRequest:
+    """The request in ``text``: a JSON object ``{"seed": N, "lookalike": true | false |
+    null, "request_id": K}``.
+
+    ``seed`` is a JSON integer in ``[0, MAX_SEED]``; ``lookalike`` (default null) is true,
+    false or null; ``request_id`` (default -1) is a JSON integer that fits 64 bits. Floats,
+    booleans and strings are no integers here: ``1.7`` or ``true`` is refused, not rounded.
+
+    Raises
+    ------
+    ValueError
+        Naming the first rule ``text`` breaks (too long, not JSON, not an object, a field
+        of the wrong type or out of range).
+    """
+    request = parse_json_object(text, 'request', MAX_RESET_REQUEST_CHARS)
+    seed = request.get('seed')
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f'seed must be an integer in [0, {MAX_SEED}], got {seed!r:.40}')
+    lookalike = request.get('lookalike')
+    if lookalike is not None and not isinstance(lookalike, bool):
+        raise ValueError(f'lookalike must be true, false or null, got {lookalike!r:.40}')
+    request_id = request.get('request_id', -1)
+    if isinstance(request_id, bool) or not isinstance(request_id, int) \
+            or not _INT64[0] <= request_id <= _INT64[1]:
+        raise ValueError(f'request_id must be a 64-bit integer, got {request_id!r:.40}')
+    return ResetRequest(seed, lookalike, request_id)
 
 
 @dataclass(frozen=True)

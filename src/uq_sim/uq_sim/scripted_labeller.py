@@ -11,6 +11,11 @@ A request whose stamp has no ground truth yet waits up to ``truth_timeout_s`` fo
 two topics arrive independently); a request that matches no object (a false detection, or
 a box below ``min_iou`` with every object) gets the ``no_match`` policy: ``ignore`` (no
 answer) or ``label`` (answer ``no_match_label``, e.g. 'background').
+
+A request is refused (``ValueError``) unless its id follows the label store's rule
+(:func:`uq_common.class_labels.is_request_id`) and its box is finite with a positive size; at most
+:data:`MAX_PENDING` requests wait at a time, and the ids remembered to spot re-deliveries
+are the latest :data:`MAX_REMEMBERED_IDS`, so a flood of requests cannot exhaust memory.
 """
 
 from __future__ import annotations
@@ -20,9 +25,13 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from uq_common.class_labels import is_request_id
+
 Box = tuple[float, float, float, float]  # centre x, centre y, width, height (pixels)
 
 NO_MATCH_POLICIES = ('ignore', 'label')
+MAX_PENDING = 1000
+MAX_REMEMBERED_IDS = 100_000
 
 
 @dataclass(frozen=True)
@@ -115,7 +124,7 @@ class ScriptedLabeller:
         self.config = config or LabellerConfig()
         self._truth: OrderedDict[int, tuple[TruthObject, ...]] = OrderedDict()
         self._pending: dict[str, _Pending] = {}
-        self._seen: set[str] = set()
+        self._seen: OrderedDict[str, None] = OrderedDict()
 
     def add_ground_truth(self, stamp_ns: int, objects: Iterable[TruthObject]) -> None:
         """Keep one ground-truth frame (the oldest go beyond ``truth_buffer``)."""
@@ -125,10 +134,27 @@ class ScriptedLabeller:
             self._truth.popitem(last=False)
 
     def add_request(self, request_id: str, stamp_ns: int, box: Box, now: float) -> bool:
-        """Queue a request; False when this id was seen before (a re-delivered request)."""
+        """Queue a request; False when this id was seen before (a re-delivered request).
+
+        Raises
+        ------
+        ValueError
+            If the id breaks the label store's rule, the box is not finite or has no
+            positive size, or :data:`MAX_PENDING` requests wait already; nothing is queued.
+        """
+        if not is_request_id(request_id):
+            raise ValueError(f'request id {request_id!r:.60} is invalid: use 1-128 letters, '
+                             "digits, '.', '_', ':' or '-', starting with a letter or digit")
+        if not (all(math.isfinite(v) for v in box) and box[2] > 0.0 and box[3] > 0.0):
+            raise ValueError(f'request {request_id}: box {box} must be finite with a '
+                             'positive width and height')
         if request_id in self._seen:
             return False
-        self._seen.add(request_id)
+        if len(self._pending) >= MAX_PENDING:
+            raise ValueError(f'request {request_id}: {MAX_PENDING} requests wait already')
+        self._seen[request_id] = None
+        while len(self._seen) > MAX_REMEMBERED_IDS:
+            self._seen.popitem(last=False)
         due = now + self.config.answer_delay_s
         self._pending[request_id] = _Pending(request_id, stamp_ns, box, due,
                                              due + self.config.truth_timeout_s)

@@ -9,6 +9,10 @@ Adapts :class:`uq_sim.scripted_labeller.ScriptedLabeller` to ROS:
 - ``provide_label`` (uq_msgs/ProvideLabel, client): the answer, ``answer_delay_s`` after the
   request arrived, with labeler ``labeler``; an answer with no response within
   ``response_timeout_s`` is sent again (the ask-for-help node stores a repeated answer once).
+
+A request the labeller refuses (an id the label store would refuse, a non-finite or empty
+box, too many waiting: :meth:`uq_sim.scripted_labeller.ScriptedLabeller.add_request`) is
+dropped, counted and warned about (throttled); it is never answered.
 """
 
 from __future__ import annotations
@@ -105,6 +109,7 @@ class ScriptedLabellerNode(Node):
         self._client = self.create_client(ProvideLabel, self._params['service'])
         self._calls = ResendingCalls(self._client, self._params['response_timeout_s'])
         self._unsent: list[LabelAnswer] = []
+        self._refused = 0
         self.create_subscription(HelpRequest, 'help_request', self._on_request, HELP_REQUEST_QOS)
         self.create_subscription(DetectionArray, 'ground_truth', self._on_truth, TRUTH_QOS)
         self.create_timer(self._params['period_s'], self._on_timer)
@@ -132,13 +137,18 @@ class ScriptedLabellerNode(Node):
 
     def _on_request(self, msg: HelpRequest) -> None:
         d = msg.detection
-        if not msg.request_id:
-            self.get_logger().warn('ignoring a help request without request_id')
+        try:
+            added = self._labeller.add_request(msg.request_id, _stamp_ns(msg.header.stamp),
+                                               (d.center_x, d.center_y, d.width, d.height),
+                                               time.monotonic())
+        except ValueError as exc:
+            self._refused += 1
+            self.get_logger().warning(f'help request refused ({self._refused} so far): {exc}',
+                                      throttle_duration_sec=5.0)
             return
-        if self._labeller.add_request(msg.request_id, _stamp_ns(msg.header.stamp),
-                                      (d.center_x, d.center_y, d.width, d.height),
-                                      time.monotonic()):
-            self.get_logger().info(f'request {msg.request_id}: {msg.reason}')
+        if added:
+            # The reason is shown as a cut-short repr: it may be huge or hold newlines.
+            self.get_logger().info(f'request {msg.request_id}: {msg.reason!r:.200}')
 
     def _on_timer(self) -> None:
         for answer in self._labeller.due(time.monotonic()):

@@ -14,6 +14,10 @@ the gripper there more slowly and less precisely than the autonomy:
 - **mode**: ``teleoperation`` always drives; ``supervise`` drives while the (delayed)
   level is at most ``engage_below_level`` and keeps hands off above it (the autonomy
   works); ``hands_off`` never drives (full autonomy).
+
+Bad input never becomes a command: a ``task_state`` that breaks :func:`parse_task_state`
+is refused, a non-finite goal is refused by :meth:`ScriptedOperator.set_goal`, and a
+non-finite gripper position gives a zero command.
 """
 
 from __future__ import annotations
@@ -24,7 +28,58 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from uq_common.json_text import parse_json_object
+
 OPERATOR_MODES = ('teleoperation', 'supervise', 'hands_off')
+# The sim's task_state is about 1 kB; far longer text is malformed or hostile.
+MAX_TASK_STATE_CHARS = 65536
+
+
+@dataclass(frozen=True)
+class TaskGoal:
+    """What the operator takes from one ``task_state``: the trial, whether it runs, the
+    true target's table position and the trial's elapsed time."""
+
+    trial: int
+    running: bool
+    target_xy: tuple[float, float]
+    elapsed_s: float
+
+
+def _finite_number(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not math.isfinite(value):
+        raise ValueError(f'{what} must be a finite number, got {value!r:.40}')
+    return float(value)
+
+
+def parse_task_state(text: str) -> TaskGoal:
+    """The goal in a ``task_state`` JSON text (see ``uq_sim.grasp_task.TaskMonitor``).
+
+    Raises
+    ------
+    ValueError
+        Naming the first rule broken: too long, not a JSON object, ``trial`` not an integer
+        >= 0, ``status`` not a string, ``target`` not the name of an entry of ``objects``,
+        its ``x``/``y`` or ``elapsed_s`` (default 0) not finite numbers.
+    """
+    task = parse_json_object(text, 'task_state', MAX_TASK_STATE_CHARS)
+    trial = task.get('trial')
+    if isinstance(trial, bool) or not isinstance(trial, int) or trial < 0:
+        raise ValueError(f'trial must be an integer >= 0, got {trial!r:.40}')
+    status = task.get('status')
+    if not isinstance(status, str):
+        raise ValueError(f'status must be a string, got {status!r:.40}')
+    objects, name = task.get('objects'), task.get('target')
+    if not isinstance(objects, list):
+        raise ValueError('objects must be a list')
+    target = next((o for o in objects if isinstance(o, dict) and o.get('name') == name), None)
+    if not isinstance(name, str) or target is None:
+        raise ValueError(f'target {name!r:.40} names none of the objects')
+    xy = (_finite_number(target.get('x'), 'target x'), _finite_number(target.get('y'),
+                                                                      'target y'))
+    elapsed = _finite_number(task.get('elapsed_s', 0.0), 'elapsed_s')
+    return TaskGoal(trial, status == 'running', xy, elapsed)
 
 
 @dataclass(frozen=True)
@@ -66,7 +121,16 @@ class ScriptedOperator:
         self._levels: list[int] = []
 
     def set_goal(self, xy: tuple[float, float], trial_seed: int) -> None:
-        """The true target's position; the aim error is drawn once per trial."""
+        """The true target's position; the aim error is drawn once per trial.
+
+        Raises
+        ------
+        ValueError
+            If ``xy`` is not finite or ``trial_seed`` is negative; the goal is unchanged.
+        """
+        if not all(math.isfinite(v) for v in xy) or trial_seed < 0:
+            raise ValueError(f'goal {xy} of trial {trial_seed} refused: the position must be '
+                             'finite and the trial >= 0')
         aim = np.random.default_rng([trial_seed, 99]).normal(0.0, self.config.aim_error, 2)
         self._goal = np.asarray(xy, float) + aim
 
@@ -95,14 +159,15 @@ class ScriptedOperator:
                 or self.perceived_level(now) <= self.config.engage_below_level)
 
     def command(self, gripper_xy: tuple[float, float], now: float) -> tuple[float, float, float]:
-        """``(vx, vy, vz)`` at ``now``: zero while not engaged; at the goal, grasp."""
+        """``(vx, vy, vz)`` at ``now``: zero while not engaged or when ``gripper_xy`` is not
+        finite; at the goal, grasp."""
         dt = 0.0 if self._last_time is None else max(0.0, now - self._last_time)
         self._last_time = now
         tau = self.config.noise_tau_s
         decay = math.exp(-dt / tau)
         self._heading_error = (decay * self._heading_error + self.config.heading_noise
                                * math.sqrt(1.0 - decay * decay) * float(self._rng.normal()))
-        if not self.engaged(now):
+        if not self.engaged(now) or not all(math.isfinite(v) for v in gripper_xy[:2]):
             return 0.0, 0.0, 0.0
         delta = self._goal - np.asarray(gripper_xy, float)[:2]
         distance = float(np.linalg.norm(delta))

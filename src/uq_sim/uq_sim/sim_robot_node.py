@@ -11,7 +11,9 @@ staleness) and :mod:`uq_sim.grasp_task` (trial scenes, grasp decision) to ROS:
   false | null, "request_id": K}`` starts trial N (null draws whether it has a
   look-alike); ``task_state`` echoes ``request_id`` (default -1) so a harness knows the
   state belongs to its request. Camera output
-  pauses for ``reset_pause_s`` so downstream nodes see a gap between trials.
+  pauses for ``reset_pause_s`` so downstream nodes see a gap between trials. A request
+  that breaks :func:`uq_sim.grasp_task.parse_reset_request` (not a JSON object, seed not
+  an integer in [0, 2^31 - 1], ...) is refused, counted and logged; the trial goes on.
 - every ``1 / physics_rate_hz``: the gripper is integrated and the task monitor advanced;
 - every ``1 / rate_hz``: ``image``, ``camera_info``, ``ground_truth`` (as the sim camera
   node), ``robot_pose`` (geometry_msgs/PoseStamped, frame ``world``, the tool point),
@@ -26,7 +28,6 @@ deadlines do.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -45,7 +46,14 @@ from uq_common.node_main import node_argument_parser, run_node
 from uq_common.parameters import ParameterSpec, declare_parameters, first_invalid
 from uq_msgs.msg import Detection, DetectionArray
 from uq_sim.geometry import mat_to_quat
-from uq_sim.grasp_task import GRIPPER_HOME, TaskMonitor, make_trial
+from uq_sim.grasp_task import (
+    GRIPPER_HOME,
+    MAX_SEED,
+    TaskMonitor,
+    TrialSpec,
+    make_trial,
+    parse_reset_request,
+)
 from uq_sim.objects import KNOWN_CLASSES
 from uq_sim.robot import GripperLimits, VelocityGripper
 
@@ -56,7 +64,7 @@ PARAMETERS = [
                   min_value=0.1, max_value=60.0, read_only=True),
     ParameterSpec('physics_rate_hz', 100.0, 'Gripper integration rate, Hz.',
                   min_value=10.0, max_value=1000.0, read_only=True),
-    ParameterSpec('seed', 0, 'Trial drawn at start-up.', min_value=0, max_value=2**31 - 1,
+    ParameterSpec('seed', 0, 'Trial drawn at start-up.', min_value=0, max_value=MAX_SEED,
                   read_only=True),
     ParameterSpec('lookalike', 'random', 'Look-alike in the first trial: random, yes, no.',
                   choices=['random', 'yes', 'no'], read_only=True),
@@ -116,7 +124,8 @@ class SimRobotNode(Node):
         self._camera_pose_pub = self.create_publisher(PoseStamped, 'camera_pose', _LATCHED_QOS)
         self._monitor: TaskMonitor | None = None
         self._paused_until = 0.0
-        self._start_trial(p['seed'], _lookalike_choice(p['lookalike']))
+        self._refused_resets = 0
+        self._start_trial(make_trial(p['seed'], _lookalike_choice(p['lookalike'])))
         self._last_step = time.monotonic()
         self.create_subscription(Twist, 'cmd_vel', self._on_cmd_vel, 10)
         self.create_subscription(String, 'reset_task', self._on_reset, _RELIABLE_QOS)
@@ -128,8 +137,7 @@ class SimRobotNode(Node):
             f"{p['command_timeout_s']} s")
 
     # --- trials ----------------------------------------------------------------------
-    def _start_trial(self, seed: int, lookalike: bool | None, request_id: int = -1) -> None:
-        trial = make_trial(seed, lookalike)
+    def _start_trial(self, trial: TrialSpec, request_id: int = -1) -> None:
         self._renderer.load(trial.scene_spec())
         self._gripper.reset(GRIPPER_HOME)
         now = time.monotonic()
@@ -138,28 +146,30 @@ class SimRobotNode(Node):
         self._paused_until = now + self._params['reset_pause_s']
         self._publish_camera_pose()
         self._publish_task(now)
-        self.get_logger().info(f'trial {seed}: target {trial.target_class} at '
+        self.get_logger().info(f'trial {trial.seed}: target {trial.target_class} at '
                                f'{trial.target.xy}, look-alike {trial.lookalike}')
 
     def _on_reset(self, msg: String) -> None:
         try:
-            request = json.loads(msg.data)
-            seed = int(request['seed'])
-            lookalike = request.get('lookalike')
-            request_id = int(request.get('request_id', -1))
-            if seed < 0 or lookalike not in (None, True, False):
-                raise ValueError('seed must be >= 0 and lookalike true, false or null')
-        except (ValueError, KeyError, TypeError) as exc:
-            self.get_logger().error(f'reset_task refused ({exc}): {msg.data!r}')
+            request = parse_reset_request(msg.data)
+            trial = make_trial(request.seed, request.lookalike)
+        except (ValueError, RuntimeError) as exc:
+            self._refused_resets += 1
+            # The payload is shown cut short and as a repr: it may be huge or hold newlines.
+            self.get_logger().error(
+                f'reset_task refused ({exc}; {self._refused_resets} refused so far), the '
+                f'trial goes on: {msg.data!r:.120}', throttle_duration_sec=2.0)
             return
-        self._start_trial(seed, lookalike, request_id)
+        self._start_trial(trial, request.request_id)
 
     # --- commands and physics --------------------------------------------------------
     def _on_cmd_vel(self, msg: Twist) -> None:
         try:
             self._gripper.command(msg.linear.x, msg.linear.y, time.monotonic(), msg.linear.z)
         except ValueError as exc:
-            self.get_logger().warning(str(exc), throttle_duration_sec=2.0)
+            self.get_logger().warning(
+                f'{exc} ({self._gripper.rejected_commands} refused so far)',
+                throttle_duration_sec=2.0)
 
     def _on_physics(self) -> None:
         now = time.monotonic()
