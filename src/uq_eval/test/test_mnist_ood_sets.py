@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -96,6 +97,11 @@ def _write_bad(tmp_path: Path, case: str) -> Path:
         path = tmp_path / 'float-idx3'
         path.write_bytes(bytes([0, 0, 0x0D, 3]) + b''.join(
             n.to_bytes(4, 'big') for n in (1, 28, 28)) + b'\0' * 4 * 784)
+    elif case == 'object_array':
+        np.savez(path, np.array([{}], dtype=object))
+    elif case == 'not_npy_member':
+        with zipfile.ZipFile(path, 'w') as archive:
+            archive.writestr('images.txt', 'hello')
     elif case == 'unknown_format':
         path = tmp_path / 'images.png'
         path.write_bytes(b'\x89PNG\r\n\x1a\n' + b'\0' * 64)
@@ -119,6 +125,8 @@ BAD_CASES = {
     'truncated_gz': r'cannot be read',
     'idx_payload': r'payload has',
     'idx_float': r'not an unsigned-byte idx file',
+    'object_array': r"array 'arr_0' cannot be read \(Object arrays",
+    'not_npy_member': r"'images.txt' in the archive is not a NumPy array",
     'unknown_format': r'unknown format \(expected an unsigned-byte IDX file',
     'missing': r'cannot be read \(No such file or directory\)',
     'directory': r'cannot be read \(Is a directory\)',

@@ -353,7 +353,14 @@ def _read_ood_npz(path: Path) -> NDArray[Any]:
         else:
             raise ValueError(f'{path}: the archive holds {len(names)} arrays {names}; expected '
                              f'one, or one named {NPZ_IMAGES_KEY!r}')
-        return archive[key]
+        try:
+            images = archive[key]
+        except ValueError as error:  # an object array, refused without pickle
+            raise ValueError(f'{path}: array {key!r} cannot be read ({error})') from None
+        # A member that is not a .npy file comes back as raw bytes.
+        if not isinstance(images, np.ndarray):
+            raise ValueError(f'{path}: {key!r} in the archive is not a NumPy array')
+        return images
 
 
 def read_ood_images(path: str | os.PathLike[str]) -> NDArray[np.uint8] | NDArray[np.float32]:

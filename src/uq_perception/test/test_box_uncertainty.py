@@ -4,6 +4,7 @@ overlay band (ROS-free)."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from uq_perception.ntk import LastLayerNTKGP, NTKGPConfig
 from uq_perception.ntk.box_calibration import BoxCalibration, fit_box_calibration
 from uq_perception.ntk.config import UncertaintyOutput
 from uq_perception.ntk.persistence import read_state, write_state
-from uq_perception.overlay import draw_box_band, draw_overlay
+from uq_perception.overlay import MAX_DRAWN, draw_box_band, draw_overlay, render_overlay
 from uq_perception.perception import FrameResult
 
 CLASSES = ['a', 'b', 'c']
@@ -279,6 +280,34 @@ def test_overlay_draws_bands_on_edge_and_degenerate_boxes():
     out = draw_overlay(image, _frame(boxes, stds), ood_threshold=1.0)
     assert out.shape == image.shape and out.dtype == np.uint8
     assert (image == 128).all()  # the input is left alone
+
+
+def test_overlay_skips_and_counts_hostile_detections_without_raising():
+    image = np.full((60, 80, 3), 128, dtype=np.uint8)
+    boxes = np.array([[40.0, 30.0, 10.0, 10.0],      # the only valid one
+                      [np.nan, 30.0, 10.0, 10.0],
+                      [np.inf, 30.0, 10.0, 10.0],
+                      [40.0, 30.0, -10.0, 10.0],
+                      [1e30, 30.0, 10.0, 10.0]])
+    stds = np.array([[np.nan, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1],
+                     [1, 1, 1, 1]], dtype=np.float32)
+    frame = _frame(boxes, stds)
+    out, skipped = render_overlay(image, frame, ood_threshold=float('nan'))
+    assert skipped == 4 and out.shape == image.shape and (out != 128).any()
+    frame.uncertainty.gp_variance[0] = np.nan
+    assert render_overlay(image, frame, ood_threshold=1.0)[1] == 5
+    # Class names with control characters, megabytes long, or fewer than the classes.
+    good = _frame(boxes[:1], np.zeros((1, 4)))
+    hostile = replace(good, class_names=['a\x1b[2J\n' + 'x' * 2_000_000] * len(CLASSES))
+    assert render_overlay(image, hostile, 1.0)[1] == 0
+    assert render_overlay(image, replace(good, class_names=['only one']), 1.0)[1] == 1
+    # A wrong image shape or dtype comes back unchanged.
+    odd = np.zeros((60, 80), dtype=np.float32)
+    assert np.array_equal(render_overlay(odd, _frame(boxes, stds), 1.0)[0], odd)
+    many = _frame(np.tile([[40.0, 30.0, 10.0, 10.0]], (5000, 1)), np.zeros((5000, 4)))
+    assert render_overlay(image, many, 1.0)[1] == 5000 - MAX_DRAWN
+    draw_box_band(image.copy(), np.array([40.0, 30.0, 10.0, 10.0]),
+                  np.array([1e308, 1e308, 1e308, 1e308]), (255, 0, 0))
 
 
 def test_band_spans_the_edges_moved_by_one_sigma():

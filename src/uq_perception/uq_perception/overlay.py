@@ -6,9 +6,17 @@ label shows the class, its probability and the GP standard deviation sigma; dete
 flagged out-of-distribution are drawn with a thicker box and an "OOD" tag. A translucent
 band around each box spans its edges moved in and out by one standard deviation (from the
 box coordinates' ``box_std``): a wide band is a box whose extent the robot is unsure of.
+
+Drawing never raises on what a frame holds: a detection with a non-finite, negative or
+absurdly large box, a non-finite or negative variance, non-finite probabilities or a class
+index outside ``class_names`` is skipped, and so are those past :data:`MAX_DRAWN`; the
+number skipped is written in the image's bottom-left corner. A non-finite or negative
+``box_std`` only drops the band. Class names are shown printable and cut short.
 """
 
 from __future__ import annotations
+
+import math
 
 import cv2
 import numpy as np
@@ -17,6 +25,14 @@ from uq_perception.perception import FrameResult
 
 # Opacity of the one-sigma box band: visible, yet the object stays recognisable under it.
 BAND_OPACITY = 0.35
+#: Most detections drawn per frame: past a few hundred the overlay is unreadable anyway and
+#: drawing them would cost more than the frame budget.
+MAX_DRAWN = 256
+#: Box coordinates beyond this many pixels are invalid: no camera is that large, and OpenCV
+#: takes 32-bit integer points.
+MAX_COORDINATE = 1e5
+#: Class names are cut to this many characters so a label cannot cover the image.
+MAX_NAME_CHARS = 32
 
 
 def uncertainty_colour(gp_variance: float, ood_threshold: float | None) -> tuple[int, int, int]:
@@ -33,10 +49,52 @@ def uncertainty_colour(gp_variance: float, ood_threshold: float | None) -> tuple
 
 def draw_overlay(image_rgb: np.ndarray, frame: FrameResult,
                  ood_threshold: float | None) -> np.ndarray:
-    """A copy of ``image_rgb`` with every detection of ``frame`` drawn on it."""
-    canvas = np.ascontiguousarray(image_rgb.copy())
+    """A copy of ``image_rgb`` with every valid detection of ``frame`` drawn on it."""
+    return render_overlay(image_rgb, frame, ood_threshold)[0]
+
+
+def _invalid_detections(frame: FrameResult) -> np.ndarray:
+    """Per detection, True where it cannot be drawn (module docstring); arrays shorter
+    than the box array leave the detections past their end invalid."""
     unc = frame.uncertainty
-    for i in range(len(frame)):
+    boxes = np.asarray(frame.detections.boxes, dtype=np.float64).reshape(-1, 4)
+    variance = np.asarray(unc.gp_variance, dtype=np.float64).reshape(-1)
+    probabilities = np.asarray(unc.probabilities, dtype=np.float64)
+    count = min(len(boxes), len(variance), len(probabilities), len(unc.out_of_distribution))
+    invalid = np.ones(len(boxes), dtype=bool)
+    if count == 0 or probabilities.ndim != 2 or not 0 < probabilities.shape[1] <= len(
+            frame.class_names):
+        return invalid
+    boxes, variance, probabilities = boxes[:count], variance[:count], probabilities[:count]
+    with np.errstate(invalid='ignore'):
+        valid = (np.isfinite(boxes).all(axis=1) & (np.abs(boxes) <= MAX_COORDINATE).all(axis=1)
+                 & (boxes[:, 2:] >= 0.0).all(axis=1) & np.isfinite(variance)
+                 & (variance >= 0.0) & np.isfinite(probabilities).all(axis=1))
+    invalid[:count] = ~valid
+    return invalid
+
+
+def _shown_name(name: object) -> str:
+    """The class name as OpenCV's Hershey fonts can draw it: ASCII printable, short."""
+    text = ''.join(c if c.isascii() and c.isprintable() else '?' for c in str(name)[:256])
+    return text if len(text) <= MAX_NAME_CHARS else text[:MAX_NAME_CHARS - 3] + '...'
+
+
+def render_overlay(image_rgb: np.ndarray, frame: FrameResult,
+                   ood_threshold: float | None) -> tuple[np.ndarray, int]:
+    """:func:`draw_overlay`, also returning how many detections were skipped.
+
+    An image that is not ``(H, W, 3)`` uint8 comes back as a plain copy, every detection
+    skipped.
+    """
+    canvas = np.ascontiguousarray(image_rgb.copy())
+    if canvas.ndim != 3 or canvas.shape[2] != 3 or canvas.dtype != np.uint8 or canvas.size == 0:
+        return canvas, len(frame.detections.boxes)
+    invalid = _invalid_detections(frame)
+    drawable = np.flatnonzero(~invalid)
+    skipped = int(invalid.sum()) + max(len(drawable) - MAX_DRAWN, 0)
+    unc = frame.uncertainty
+    for i in drawable[:MAX_DRAWN]:
         cx, cy, w, h = (float(v) for v in frame.detections.boxes[i])
         top_left = (int(round(cx - w / 2)), int(round(cy - h / 2)))
         bottom_right = (int(round(cx + w / 2)), int(round(cy + h / 2)))
@@ -45,14 +103,21 @@ def draw_overlay(image_rgb: np.ndarray, frame: FrameResult,
         draw_box_band(canvas, frame.detections.boxes[i], frame.box_std[i], colour)
         cv2.rectangle(canvas, top_left, bottom_right, colour, 3 if ood else 1)
         cls = int(np.argmax(unc.probabilities[i]))
-        label = (f'{"OOD " if ood else ""}{frame.class_names[cls]} '
+        label = (f'{"OOD " if ood else ""}{_shown_name(frame.class_names[cls])} '
                  f'{unc.probabilities[i, cls]:.2f} s={np.sqrt(unc.gp_variance[i]):.2f}')
         text_origin = (top_left[0], max(top_left[1] - 3, 9))
         cv2.putText(canvas, label, text_origin, cv2.FONT_HERSHEY_PLAIN, 0.8, (0, 0, 0), 2,
                     cv2.LINE_AA)
         cv2.putText(canvas, label, text_origin, cv2.FONT_HERSHEY_PLAIN, 0.8, colour, 1,
                     cv2.LINE_AA)
-    return canvas
+    if skipped:
+        note_origin = (3, canvas.shape[0] - 4)
+        note = f'{skipped} detection(s) not drawn'
+        cv2.putText(canvas, note, note_origin, cv2.FONT_HERSHEY_PLAIN, 0.8, (0, 0, 0), 2,
+                    cv2.LINE_AA)
+        cv2.putText(canvas, note, note_origin, cv2.FONT_HERSHEY_PLAIN, 0.8, (255, 255, 255), 1,
+                    cv2.LINE_AA)
+    return canvas, skipped
 
 
 def draw_box_band(canvas: np.ndarray, box: np.ndarray, std: np.ndarray,
@@ -62,14 +127,18 @@ def draw_box_band(canvas: np.ndarray, box: np.ndarray, std: np.ndarray,
     An edge at ``center -+ size / 2`` has the standard deviation ``sqrt(std_center^2 +
     std_size^2 / 4)`` (the coordinates' errors taken as independent). Nothing is drawn
     when every sigma is 0 (box uncertainty not estimated); a band wider than half the box
-    fills it. Boxes partly or wholly outside the image are clipped.
+    fills it. Boxes partly or wholly outside the image are clipped. Nothing is drawn either
+    when a value is not finite or a sigma is negative.
     """
     cx, cy, w, h = (float(v) for v in box)
     sx, sy, sw, sh = (float(v) for v in std)
-    if not (sx > 0 or sy > 0 or sw > 0 or sh > 0):
+    if not all(math.isfinite(v) for v in (cx, cy, w, h, sx, sy, sw, sh)) or min(
+            sx, sy, sw, sh) < 0 or not (sx > 0 or sy > 0 or sw > 0 or sh > 0):
         return
     edge_x = float(np.hypot(sx, sw / 2))
     edge_y = float(np.hypot(sy, sh / 2))
+    # Sigmas near the float limit make infinite edges; such a band would cover everything.
+    edge_x, edge_y = min(edge_x, MAX_COORDINATE), min(edge_y, MAX_COORDINATE)
     height, width = canvas.shape[:2]
     # Pixel bounds of the grown box, clipped to the image; the band is blended there only.
     x0 = max(int(round(cx - w / 2 - edge_x)), 0)
