@@ -39,8 +39,8 @@ logger = logging.getLogger(__name__)
 
 MAX_REQUEST_ID_LENGTH = 128
 # Classes that labels may add to the network's own. Each class adds a logit to every
-# detection's prediction (its cost grows linearly: 300 classes made it 14 times slower),
-# and a scene with more distinct unknown objects than this is better served by retraining.
+# detection's prediction, whose cost grows linearly with the number of classes, and a
+# scene with more distinct unknown objects than this is better served by retraining.
 MAX_TAUGHT_CLASSES = 64
 
 
