@@ -413,3 +413,33 @@ def test_a_file_labelling_one_request_twice_differently_is_invalid(tmp_path: Pat
     assert (code, out.strip()) == (2, 'nothing imported: 2 invalid')
     assert "line 3: the file answers request r4 twice, differently ('cone', then 'mug')" in err
     assert 'line 4: expected a JSON object, got list' in err
+
+
+def test_a_write_failure_half_way_through_an_import_stores_none_of_it(
+        tmp_path: Path, filled: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from uq_autonomy.label_store import LabelStoreError
+
+    with LabelStore(filled) as store:
+        before = store.labels()
+    path = _coco_file(tmp_path, [{**GOOD, 'attributes': {'request_id': 'q1'}},
+                                 {**GOOD, 'id': 2, 'attributes': {'request_id': 'q2'}}])
+    original = LabelStore.put_label
+    calls: list[str] = []
+
+    def fail_on_the_second(self: LabelStore, record: LabelRecord, **kwargs: object) -> object:
+        if self.path != filled:  # the import's checks, in a scratch store
+            return original(self, record, **kwargs)
+        calls.append(record.request_id)
+        if len(calls) == 2:
+            raise LabelStoreError('the disk is full while storing the label of q2', filled)
+        return original(self, record, **kwargs)
+
+    monkeypatch.setattr(LabelStore, 'put_label', fail_on_the_second)
+    code, _, err = uq('labels', 'import', str(path), '--store', str(filled))
+    assert code == 1 and 'the disk is full' in err and calls == ['q1', 'q2']
+    monkeypatch.undo()
+    with LabelStore(filled) as store:
+        assert store.labels() == before  # q1, stored before the failure, was rolled back
+    # The same file imports in full once the store can be written.
+    code, out, _ = uq('labels', 'import', str(path), '--store', str(filled))
+    assert code == 0 and out.strip() == '2 stored'

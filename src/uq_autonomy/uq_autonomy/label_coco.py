@@ -207,6 +207,10 @@ def export_coco(store: LabelStore, directory: str | os.PathLike[str], *,
                              [c['name'] for c in dataset['categories']], skipped)
 
 
+class _ImportRefused(Exception):
+    """An entry was refused while the import's transaction was open: roll it all back."""
+
+
 @dataclass(frozen=True)
 class _Entry:
     """One checked entry of an import file: a COCO label (``record``) or an answer."""
@@ -446,8 +450,8 @@ def import_labels(store: LabelStore, path: str | os.PathLike[str], *,
     OSError
         When it cannot be read.
     LabelStoreError
-        When the store cannot be read or written; a write failure after the checks leaves
-        the entries before it stored.
+        When the store cannot be read or written; nothing is stored then (the entries are
+        written in one transaction).
     """
     p = Path(path)
     summary = ImportSummary()
@@ -472,12 +476,20 @@ def import_labels(store: LabelStore, path: str | os.PathLike[str], *,
     if summary.counts:
         summary.stored_nothing = True
         return summary
-    for entry in entries:
-        if entry.record is not None:
-            result = store.put_label(entry.record, overrule=overrule)
-        else:
-            result = store.answer(entry.request_id, entry.label, entry.labeler,
-                                  overrule=overrule, source='import')
-        summary.add(result.status.value,
-                    None if result.accepted else f'{entry.where}: {result.message}')
+    try:
+        with store.batch(f'importing {p}'):
+            for entry in entries:
+                if entry.record is not None:
+                    result = store.put_label(entry.record, overrule=overrule)
+                else:
+                    result = store.answer(entry.request_id, entry.label, entry.labeler,
+                                          overrule=overrule, source='import')
+                summary.add(result.status.value,
+                            None if result.accepted else f'{entry.where}: {result.message}')
+                if not result.accepted:
+                    # Refused now though it passed the checks (the store changed meanwhile):
+                    # store none of the file rather than part of it.
+                    raise _ImportRefused
+    except _ImportRefused:
+        summary.stored_nothing = True
     return summary

@@ -524,6 +524,8 @@ class LabelStore:
         self._clock = clock
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
+        # Inside batch(): the writes join its one transaction instead of committing each.
+        self._in_batch = False
         if readonly and not self.path.exists():
             raise LabelStoreError(f'label store {self.path} does not exist', self.path)
         if not readonly and not self.path.exists():
@@ -621,6 +623,9 @@ class LabelStore:
                 f'label store {self.path} is opened read-only; refused while {doing}', self.path)
         with self._lock, self._errors(doing):
             conn = self._connection()
+            if self._in_batch:
+                yield conn
+                return
             conn.execute('BEGIN IMMEDIATE')
             try:
                 yield conn
@@ -629,6 +634,18 @@ class LabelStore:
                     conn.execute('ROLLBACK')
                 raise
             conn.execute('COMMIT')
+
+    @contextlib.contextmanager
+    def batch(self, doing: str) -> Iterator[None]:
+        """Make every write inside the block one transaction: all stored when the block
+        ends normally, none when it raises (an import is all or nothing). Other threads'
+        writes wait until it ends."""
+        with self._write(doing):
+            self._in_batch = True
+            try:
+                yield
+            finally:
+                self._in_batch = False
 
     @contextlib.contextmanager
     def _read(self, doing: str) -> Iterator[sqlite3.Connection]:
