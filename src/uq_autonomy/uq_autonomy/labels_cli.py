@@ -18,6 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+from uq_common.arguments import positive_int
+
 # '%(default).0s' prints nothing: it only stops the command host's
 # ArgumentDefaultsHelpFormatter from appending "(default: None)".
 _STORE_HELP = ('label store file (SQLite); when omitted, $UQ_LABEL_STORE, else '
@@ -45,7 +47,7 @@ def configure_list(parser: argparse.ArgumentParser) -> None:
                         help='list pending help requests instead of labels')
     parser.add_argument('--json', action='store_true',
                         help='one JSON object per line instead of a table')
-    parser.add_argument('--limit', type=int, default=None,
+    parser.add_argument('--limit', type=positive_int, default=None,
                         help='show at most this many entries%(default).0s')
     parser.set_defaults(run=run_list)
 

@@ -36,6 +36,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from uq_common.arguments import domain_id, positive_float, positive_int
+
 TARGET_P99_MS = 1.0
 SWEEP_PERIOD_S = 4.0
 # Enough classes that the largest mutual information the sweep produces (2 x down[0] + 1 nats
@@ -54,21 +56,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Arbitration decision latency (core and node) and fail-safe reaction time, as JSON."""
     parser.add_argument('--params-file', default=_default_params_file(),
                         help='arbitration node parameters (YAML); missing file = defaults')
-    parser.add_argument('--messages', type=int, default=1000,
+    parser.add_argument('--messages', type=positive_int, default=1000,
                         help='messages for the core and node-callback latency')
-    parser.add_argument('--rate', type=float, default=100.0,
+    parser.add_argument('--rate', type=positive_float, default=100.0,
                         help='DetectionArray rate for the node-callback latency (Hz)')
-    parser.add_argument('--round-trips', type=int, default=200,
+    parser.add_argument('--round-trips', type=positive_int, default=200,
                         help='one-at-a-time transitions for the end-to-end latency')
-    parser.add_argument('--detections', type=int, default=10, help='detections per message')
-    parser.add_argument('--failsafe-trials', type=int, default=5,
+    parser.add_argument('--detections', type=positive_int, default=10,
+                        help='detections per message')
+    parser.add_argument('--failsafe-trials', type=positive_int, default=5,
                         help='repetitions of the stale-perception fall-back')
-    parser.add_argument('--domain-id', type=int, default=87,
+    parser.add_argument('--domain-id', type=domain_id, default=87,
                         help='ROS_DOMAIN_ID for the node measurements (kept private)')
-    parser.add_argument('--flood-detections', type=int, default=20000,
+    parser.add_argument('--flood-detections', type=positive_int, default=20000,
                         help='detections per message of the flood (0 skips the flood)')
-    parser.add_argument('--flood-rate', type=float, default=20.0, help='flood rate (Hz)')
-    parser.add_argument('--flood-duration', type=float, default=10.0,
+    parser.add_argument('--flood-rate', type=positive_float, default=20.0, help='flood rate (Hz)')
+    parser.add_argument('--flood-duration', type=positive_float, default=10.0,
                         help='seconds of flood')
     parser.add_argument('--core-only', action='store_true', help='skip the ROS measurements')
     parser.add_argument('--output', help='also write the JSON to this file')

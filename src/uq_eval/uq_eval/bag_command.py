@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from uq_common.arguments import positive_int
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Evaluate a bag: perception, autonomy levels and help requests, with metrics and plots."""
@@ -36,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help='also time the replay against the bare forward pass on the '
                              'same frames (3 alternating rounds of at least 300 frames) and '
                              'measure peak memory for 1x and 10x the bag')
-    parser.add_argument('--repeat', type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument('--repeat', type=positive_int, default=1, help=argparse.SUPPRESS)
     parser.add_argument('--no-report', action='store_true', help=argparse.SUPPRESS)
     parser.add_argument('--no-progress', action='store_true', help='hide the progress bar')
     parser.set_defaults(run=run)

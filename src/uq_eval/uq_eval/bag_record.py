@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from uq_common.arguments import non_negative_float, positive_float, positive_int
 from uq_sim.scenario import SCENARIO_NAMES
 
 STORAGES = ('mcap', 'sqlite3')
@@ -53,13 +54,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help='bag directory to create (must not exist)')
     parser.add_argument('--storage', default='mcap', choices=STORAGES,
                         help='rosbag2 storage plugin')
-    parser.add_argument('--duration', type=float, default=None,
+    parser.add_argument('--duration', type=positive_float, default=None,
                         help='seconds of scenario time (default: one pass of the scenario)')
-    parser.add_argument('--rate', type=float, default=5.0, help='frames per second')
-    parser.add_argument('--start-time', type=float, default=0.0,
+    parser.add_argument('--rate', type=positive_float, default=5.0, help='frames per second')
+    parser.add_argument('--start-time', type=non_negative_float, default=0.0,
                         help='scenario time of the first frame, seconds')
-    parser.add_argument('--width', type=int, default=320, help='image width, pixels')
-    parser.add_argument('--height', type=int, default=240, help='image height, pixels')
+    parser.add_argument('--width', type=positive_int, default=320, help='image width, pixels')
+    parser.add_argument('--height', type=positive_int, default=240, help='image height, pixels')
     parser.add_argument('--no-progress', action='store_true', help='hide the progress bar')
     parser.set_defaults(run=run)
 

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from uq_common.arguments import non_negative_float, positive_float
+
 OUTPUT_TOPICS = {
     'detections': 'uq_msgs/msg/DetectionArray',
     'autonomy_state': 'uq_msgs/msg/AutonomyState',
@@ -53,8 +55,8 @@ def unmatched_endpoints(node: Any, publishers: list, subscriptions: list) -> lis
 def configure(parser: argparse.ArgumentParser) -> None:
     """Publish a bag over DDS with its timing (and /clock); record the nodes' outputs."""
     parser.add_argument('bag', type=Path, help='rosbag2 bag directory to play')
-    parser.add_argument('--rate', type=float, default=1.0, help='playback speed factor')
-    parser.add_argument('--start-offset', type=float, default=0.0,
+    parser.add_argument('--rate', type=positive_float, default=1.0, help='playback speed factor')
+    parser.add_argument('--start-offset', type=non_negative_float, default=0.0,
                         help='seconds into the bag to start from')
     parser.add_argument('--clock', action='store_true',
                         help='publish /clock with the bag time (for use_sim_time nodes)')
@@ -62,7 +64,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help='topics to play (default: all)')
     parser.add_argument('--record', type=Path, default=None, metavar='OUT',
                         help='record the nodes\' outputs and the played images into OUT')
-    parser.add_argument('--linger', type=float, default=2.0,
+    parser.add_argument('--linger', type=non_negative_float, default=2.0,
                         help='seconds to keep recording after the last message')
     parser.set_defaults(run=run)
 

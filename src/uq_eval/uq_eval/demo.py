@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from uq_common.arguments import domain_id, non_negative_float, non_negative_int, positive_float
+
 WORKSPACE = Path(__file__).resolve().parents[3]
 ASK_FOR_HELP_CONFIG = WORKSPACE / 'config' / 'ask_for_help.yaml'
 LABELLER_CONFIG = WORKSPACE / 'config' / 'scripted_labeller.yaml'
@@ -42,15 +44,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help='detector weights')
     parser.add_argument('--gp', type=Path, default=WORKSPACE / 'models' / 'detector_gp.npz',
                         help='the detector\'s NTK-GP artefact')
-    parser.add_argument('--seed', type=int, default=1,
+    parser.add_argument('--seed', type=non_negative_int, default=1,
                         help='grasp-task trial played (always with a look-alike)')
-    parser.add_argument('--trial-timeout', type=float, default=45.0,
+    parser.add_argument('--trial-timeout', type=positive_float, default=45.0,
                         help='seconds before the trial counts as a timeout')
-    parser.add_argument('--answer-delay', type=float, default=1.0,
+    parser.add_argument('--answer-delay', type=non_negative_float, default=1.0,
                         help='seconds the scripted labeller (the person) takes to answer '
                         'a help request')
     parser.add_argument('--no-gif', action='store_true', help='skip the annotated GIF')
-    parser.add_argument('--domain-id', type=int, default=int(os.environ.get(
+    parser.add_argument('--domain-id', type=domain_id, default=int(os.environ.get(
         'UQ_DEMO_DOMAIN_ID', '64')), help='ROS_DOMAIN_ID of the demo (kept private)')
     parser.set_defaults(run=run)
 

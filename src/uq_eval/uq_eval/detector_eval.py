@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from uq_perception.detector_data import DetectionSplit
     from uq_perception.ntk import LastLayerNTKGP
 
+from uq_common.arguments import positive_int
 from uq_perception.detection_scoring import (
     IOU_THRESHOLD,
     OPERATING_MAX_DETECTIONS,
@@ -349,8 +350,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--model', type=Path, default=Path('models/detector.pt'))
     parser.add_argument('--gp', type=Path, default=Path('models/detector_gp.npz'))
     parser.add_argument('--out', type=Path, default=None, help='also write the JSON here')
-    parser.add_argument('--latency-runs', type=int, default=200)
-    parser.add_argument('--threads', type=int, default=1,
+    parser.add_argument('--latency-runs', type=positive_int, default=200)
+    parser.add_argument('--threads', type=positive_int, default=1,
                         help='torch CPU threads for the accuracy metrics (latency is '
                              'measured with 1 and 2 threads)')
     parser.add_argument('--no-progress', action='store_true', help='hide progress bars')

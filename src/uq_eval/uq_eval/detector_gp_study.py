@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from uq_common.arguments import positive_int
+
 if TYPE_CHECKING:
     from uq_perception.detector import CenterNetDetector
     from uq_perception.detector_data import DetectionSplit
@@ -276,7 +278,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--procedural-seeds', type=procedural_seed_argument, nargs='*',
                         default=[0, 1], metavar='SEED',
                         help='seeds of the procedural sets (none: the fixed set only)')
-    parser.add_argument('--threads', type=int, default=1, help='torch CPU threads')
+    parser.add_argument('--threads', type=positive_int, default=1, help='torch CPU threads')
     parser.add_argument('--out', type=Path, default=None, help='also write the JSON here')
     parser.add_argument('--no-progress', action='store_true', help='hide progress bars')
     parser.set_defaults(run=_run)

@@ -32,6 +32,8 @@ import subprocess
 import sys
 from typing import Any
 
+from uq_common.arguments import positive_int
+
 _DEFAULT_N = [2_000_000]
 _DEFAULT_DIM = [128]
 _DEFAULT_EXPERTS = [1, 16]
@@ -40,18 +42,18 @@ _QUICK = {'n': [20_000], 'dim': [32], 'experts': [1, 4]}
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Benchmark the NTK-GP engine (streaming fit, query, update) against a detector forward."""
-    parser.add_argument('--n', type=int, action='append',
+    parser.add_argument('--n', type=positive_int, action='append',
                         help=f'training rows, repeatable (default {_DEFAULT_N})')
-    parser.add_argument('--dim', type=int, action='append',
+    parser.add_argument('--dim', type=positive_int, action='append',
                         help=f'feature dimension D, repeatable (default {_DEFAULT_DIM})')
-    parser.add_argument('--experts', type=int, action='append',
+    parser.add_argument('--experts', type=positive_int, action='append',
                         help=f'number of k-means experts M, repeatable '
                              f'(default {_DEFAULT_EXPERTS})')
-    parser.add_argument('--classes', type=int, default=10, help='number of classes C')
-    parser.add_argument('--chunk', type=int, default=16384, help='rows per streamed chunk')
-    parser.add_argument('--detections', type=int, default=20,
+    parser.add_argument('--classes', type=positive_int, default=10, help='number of classes C')
+    parser.add_argument('--chunk', type=positive_int, default=16384, help='rows per streamed chunk')
+    parser.add_argument('--detections', type=positive_int, default=20,
                         help='detections per image for the query cost')
-    parser.add_argument('--threads', type=int, default=1,
+    parser.add_argument('--threads', type=positive_int, default=1,
                         help='torch threads in the worker, for the fit and the forward pass '
                              '(0: library default). 1 by default: on a CPU shared with other '
                              'processes (a robot running the detector) spinning OpenMP threads '

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from uq_common.arguments import domain_id, non_negative_float, positive_float
 from uq_common.spin_thread import SpinThread
 from uq_eval.help_metrics import (
     AnswerRecord,
@@ -50,17 +51,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Ask-for-help loop in simulation: help precision, recall, queries, post-answer accuracy."""
     parser.add_argument('--scenarios', nargs='+', default=list(SCENARIOS),
                         help=f'scripted scenarios with unknown objects (default: {SCENARIOS})')
-    parser.add_argument('--duration', type=float, default=None,
+    parser.add_argument('--duration', type=positive_float, default=None,
                         help='seconds of each scenario to play (default: the whole scenario)')
-    parser.add_argument('--answer-delay', type=float, default=2.0,
+    parser.add_argument('--answer-delay', type=non_negative_float, default=2.0,
                         help='seconds the scripted labeller takes to answer')
-    parser.add_argument('--rate', type=float, default=5.0, help='camera frames per second')
+    parser.add_argument('--rate', type=positive_float, default=5.0, help='camera frames per second')
     parser.add_argument('--out', type=Path, default=WORKSPACE / 'out' / 'help_eval')
     parser.add_argument('--quick', action='store_true',
                         help=f'{QUICK_DURATION_S:.0f} s of {QUICK_SCENARIO} only (for the tests)')
-    parser.add_argument('--startup-timeout', type=float, default=180.0,
+    parser.add_argument('--startup-timeout', type=positive_float, default=180.0,
                         help='seconds the nodes may take to come up')
-    parser.add_argument('--domain-id', type=int, default=int(os.environ.get(
+    parser.add_argument('--domain-id', type=domain_id, default=int(os.environ.get(
         'UQ_EVAL_DOMAIN_ID', '96')), help='ROS_DOMAIN_ID (kept private)')
     parser.set_defaults(run=run)
 

@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from uq_common.arguments import non_negative_int, positive_int
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Benchmark NTK-GP uncertainty against baselines on MNIST vs FashionMNIST/KMNIST/notMNIST."""
@@ -32,15 +34,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--quick', action='store_true',
                         help='reduced run (2000 training images, 1 epoch, 1000 images per '
                              'evaluation set; every method and metric)')
-    parser.add_argument('--epochs', type=int, default=None,
+    parser.add_argument('--epochs', type=positive_int, default=None,
                         help='training epochs per network (default 3, --quick 1)')
     parser.add_argument('--ood', action='append', default=[], metavar='NAME=PATH',
                         help='add an unknown set NAME read from PATH to every table and plot '
                              '(repeatable): 28x28 grayscale images as an unsigned-byte IDX '
                              'file (gzipped or not) or an .npz archive (one array, or the one '
                              "named 'images'), uint8 0..255 or float in [0, 1]")
-    parser.add_argument('--seed', type=int, default=0, help='base random seed')
-    parser.add_argument('--threads', type=int, default=2, help='torch intra-op threads')
+    parser.add_argument('--seed', type=non_negative_int, default=0, help='base random seed')
+    parser.add_argument('--threads', type=positive_int, default=2, help='torch intra-op threads')
     parser.add_argument('--no-progress', action='store_true',
                         help='no progress bars or phase messages')
     parser.set_defaults(run=run)

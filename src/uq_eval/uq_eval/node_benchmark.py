@@ -43,6 +43,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from uq_common.arguments import domain_id, positive_float, positive_int
+
 if TYPE_CHECKING:
     from uq_perception.backends import InferenceBackend
 
@@ -55,10 +57,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     choices = {spec.name: spec.choices for spec in PARAMETERS}
     parser.add_argument('--model', default=defaults['model_path'], help='detector weights')
     parser.add_argument('--gp', default=defaults['gp_path'], help='NTK-GP artefact')
-    parser.add_argument('--frames', type=int, default=300, help='frames per rate')
-    parser.add_argument('--rate', type=float, action='append',
+    parser.add_argument('--frames', type=positive_int, default=300, help='frames per rate')
+    parser.add_argument('--rate', type=positive_float, action='append',
                         help='publish rate in Hz (repeatable; default 15)')
-    parser.add_argument('--threads', type=int, default=1,
+    parser.add_argument('--threads', type=positive_int, default=1,
                         help='torch CPU threads, the same for the node and the bare forward')
     parser.add_argument('--backend', default=defaults['backend'],
                         choices=choices['backend'],
@@ -66,14 +68,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              '(GPU backends are timed device-synchronised)')
     parser.add_argument('--engine', default='',
                         help='TensorRT engine from `uq build-engine` (backend tensorrt)')
-    parser.add_argument('--width', type=int, default=320, help='image width in pixels')
-    parser.add_argument('--height', type=int, default=240, help='image height in pixels')
-    parser.add_argument('--duration', type=float,
+    parser.add_argument('--width', type=positive_int, default=320, help='image width in pixels')
+    parser.add_argument('--height', type=positive_int, default=240, help='image height in pixels')
+    parser.add_argument('--duration', type=positive_float,
                         help='soak mode: publish for this many seconds (overrides --frames) '
                              'and report the node RSS over time, latency drift and frames lost')
-    parser.add_argument('--rss-interval', type=float, default=5.0,
+    parser.add_argument('--rss-interval', type=positive_float, default=5.0,
                         help='seconds between RSS samples in soak mode')
-    parser.add_argument('--domain-id', type=int, default=77,
+    parser.add_argument('--domain-id', type=domain_id, default=77,
                         help='ROS_DOMAIN_ID for the benchmark (keep it private)')
     parser.set_defaults(run=run)
 

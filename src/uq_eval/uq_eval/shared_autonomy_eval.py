@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from uq_common.arguments import domain_id, non_negative_int, positive_float, positive_int
 from uq_eval.shared_autonomy_metrics import (
     OPERATOR_MODE,
     PINNED_LEVEL,
@@ -40,14 +41,14 @@ _DEADBAND = 0.02  # arbitration_node operator_deadband in config/shared_autonomy
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Closed-loop evaluation of teleoperation, full autonomy and gated autonomy."""
-    parser.add_argument('--trials', type=int, default=30, help='trials per policy')
+    parser.add_argument('--trials', type=positive_int, default=30, help='trials per policy')
     parser.add_argument('--quick', action='store_true',
                         help='3 trials per policy (one with a look-alike), for the tests')
-    parser.add_argument('--seed', type=int, default=0, help='first trial seed')
+    parser.add_argument('--seed', type=non_negative_int, default=0, help='first trial seed')
     parser.add_argument('--policies', nargs='+', default=list(POLICIES), choices=POLICIES)
     parser.add_argument('--out', type=Path, default=WORKSPACE / 'out' / 'shared_autonomy')
-    parser.add_argument('--trial-timeout', type=float, default=45.0, help='seconds')
-    parser.add_argument('--domain-id', type=int, default=int(os.environ.get(
+    parser.add_argument('--trial-timeout', type=positive_float, default=45.0, help='seconds')
+    parser.add_argument('--domain-id', type=domain_id, default=int(os.environ.get(
         'UQ_EVAL_DOMAIN_ID', '97')), help='ROS_DOMAIN_ID (kept private)')
     parser.set_defaults(run=run)
 

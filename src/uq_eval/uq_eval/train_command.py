@@ -11,6 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
+from uq_common.arguments import non_negative_float, non_negative_int, positive_float, positive_int
 from uq_perception import training
 from uq_perception.model_files import DETECTOR_FILE, GP_FILE
 
@@ -22,28 +23,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help='dataset directory with train/ and val/ (from `uq sim dataset`)')
     parser.add_argument('--out', type=Path, default=Path('models'),
                         help=f'directory for {DETECTOR_FILE} and {GP_FILE}')
-    parser.add_argument('--generate-data', type=int, metavar='N', default=None,
+    parser.add_argument('--generate-data', type=positive_int, metavar='N', default=None,
                         help='first render an N-image simulator dataset into --data')
-    parser.add_argument('--data-seed', type=int, default=0,
+    parser.add_argument('--data-seed', type=non_negative_int, default=0,
                         help='seed of the generated dataset (with --generate-data)')
-    parser.add_argument('--workers', type=int, default=2,
+    parser.add_argument('--workers', type=positive_int, default=2,
                         help='rendering processes (with --generate-data)')
-    parser.add_argument('--epochs', type=int, default=defaults.epochs)
-    parser.add_argument('--batch-size', type=int, default=defaults.batch_size)
-    parser.add_argument('--lr', type=float, default=defaults.learning_rate)
-    parser.add_argument('--embedding-dim', type=int, default=defaults.embedding_dim)
-    parser.add_argument('--outlier-weight', type=float, default=defaults.outlier_weight,
+    parser.add_argument('--epochs', type=positive_int, default=defaults.epochs)
+    parser.add_argument('--batch-size', type=positive_int, default=defaults.batch_size)
+    parser.add_argument('--lr', type=positive_float, default=defaults.learning_rate)
+    parser.add_argument('--embedding-dim', type=positive_int, default=defaults.embedding_dim)
+    parser.add_argument('--outlier-weight', type=non_negative_float,
+                        default=defaults.outlier_weight,
                         help='outlier exposure on auxiliary objects (0: off)')
-    parser.add_argument('--separation-weight', type=float,
+    parser.add_argument('--separation-weight', type=non_negative_float,
                         default=defaults.separation_weight,
                         help='auxiliary-vs-known embedding separation (0: off)')
-    parser.add_argument('--compactness-weight', type=float,
+    parser.add_argument('--compactness-weight', type=non_negative_float,
                         default=defaults.compactness_weight,
                         help='pull known embeddings towards their class head row (0: off)')
-    parser.add_argument('--seed', type=int, default=defaults.seed)
-    parser.add_argument('--threads', type=int, default=defaults.threads,
+    parser.add_argument('--seed', type=non_negative_int, default=defaults.seed)
+    parser.add_argument('--threads', type=positive_int, default=defaults.threads,
                         help='torch CPU threads')
-    parser.add_argument('--max-images', type=int, default=None,
+    parser.add_argument('--max-images', type=positive_int, default=None,
                         help='use only the first images of each split (quick runs)')
     parser.add_argument('--gp-only', action='store_true',
                         help=f'keep the trained --out/{DETECTOR_FILE}, fit only its NTK-GP')

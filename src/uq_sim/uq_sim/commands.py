@@ -10,12 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f'must be >= 1, got {value}')
-    return value
+from uq_common.arguments import non_negative_int, positive_int
 
 
 def _fraction(text: str) -> float:
@@ -28,11 +23,11 @@ def _fraction(text: str) -> float:
 def configure_dataset(parser: argparse.ArgumentParser) -> None:
     """Render a synthetic COCO detection dataset (train/val/test known, test_unknown)."""
     parser.add_argument('--out', required=True, type=Path, help='output directory')
-    parser.add_argument('--n', required=True, type=_positive_int,
+    parser.add_argument('--n', required=True, type=positive_int,
                         help='total number of images over all splits')
-    parser.add_argument('--seed', type=int, default=0, help='dataset seed')
-    parser.add_argument('--width', type=_positive_int, default=320, help='image width, px')
-    parser.add_argument('--height', type=_positive_int, default=240, help='image height, px')
+    parser.add_argument('--seed', type=non_negative_int, default=0, help='dataset seed')
+    parser.add_argument('--width', type=positive_int, default=320, help='image width, px')
+    parser.add_argument('--height', type=positive_int, default=240, help='image height, px')
     parser.add_argument('--val-fraction', type=_fraction, default=0.1,
                         help='fraction of images in the val split')
     parser.add_argument('--test-fraction', type=_fraction, default=0.1,
@@ -43,7 +38,7 @@ def configure_dataset(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--splits', nargs='+', default=None,
                         choices=['train', 'val', 'test', 'test_unknown'],
                         help='generate only these splits (ids stay those of the full set)')
-    parser.add_argument('--workers', type=_positive_int, default=1,
+    parser.add_argument('--workers', type=positive_int, default=1,
                         help='rendering processes (output does not depend on it)')
     parser.add_argument('--no-progress', action='store_true', help='hide the progress bar')
     parser.set_defaults(run=run_dataset)
@@ -80,8 +75,8 @@ def configure_preview(parser: argparse.ArgumentParser) -> None:
     """Render a contact sheet of random scenes with their ground-truth boxes to a PNG."""
     parser.add_argument('--out', type=Path, default=Path('out/sim_preview.png'),
                         help='output PNG')
-    parser.add_argument('--n', type=_positive_int, default=12, help='number of scenes')
-    parser.add_argument('--seed', type=int, default=0, help='seed')
+    parser.add_argument('--n', type=positive_int, default=12, help='number of scenes')
+    parser.add_argument('--seed', type=non_negative_int, default=0, help='seed')
     parser.add_argument('--split', default='test_unknown',
                         choices=['train', 'val', 'test', 'test_unknown'],
                         help='which split\'s randomisation to use')
@@ -120,10 +115,10 @@ def run_preview(args: argparse.Namespace) -> int:
 
 def configure_bench(parser: argparse.ArgumentParser) -> None:
     """Measure the simulator's rendering rate (images/s) and print JSON."""
-    parser.add_argument('--n', type=_positive_int, default=50, help='images to render')
-    parser.add_argument('--width', type=_positive_int, default=320, help='image width, px')
-    parser.add_argument('--height', type=_positive_int, default=240, help='image height, px')
-    parser.add_argument('--seed', type=int, default=0, help='seed')
+    parser.add_argument('--n', type=positive_int, default=50, help='images to render')
+    parser.add_argument('--width', type=positive_int, default=320, help='image width, px')
+    parser.add_argument('--height', type=positive_int, default=240, help='image height, px')
+    parser.add_argument('--seed', type=non_negative_int, default=0, help='seed')
     parser.set_defaults(run=run_bench)
 
 

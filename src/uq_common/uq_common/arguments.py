@@ -1,0 +1,72 @@
+"""Argument types for the ``uq`` commands: numbers checked by rule when parsed.
+
+A count of 0, a negative thread number, a NaN rate or a ROS domain id out of range is then
+refused by argparse with exit status 2 and one line saying what is wrong, instead of a
+traceback (or a silent nonsense run) from deep inside the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+# ROS 2 domain ids that every RMW maps to valid ports (docs.ros.org: "Domain ID").
+MAX_DOMAIN_ID = 232
+
+
+def _whole_number(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected a whole number, got {text!r}') from None
+
+
+def _finite_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected a number, got {text!r}') from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f'expected a finite number, got {text!r}')
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A whole number >= 1 (counts, sizes, threads)."""
+    value = _whole_number(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f'must be >= 1, got {value}')
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """A whole number >= 0 (seeds)."""
+    value = _whole_number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f'must be >= 0, got {value}')
+    return value
+
+
+def domain_id(text: str) -> int:
+    """A ROS 2 domain id, 0 to :data:`MAX_DOMAIN_ID`."""
+    value = _whole_number(text)
+    if not 0 <= value <= MAX_DOMAIN_ID:
+        raise argparse.ArgumentTypeError(f'a ROS domain id must be 0..{MAX_DOMAIN_ID}, '
+                                         f'got {value}')
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (rates, durations, timeouts)."""
+    value = _finite_number(text)
+    if value <= 0.0:
+        raise argparse.ArgumentTypeError(f'must be > 0, got {value}')
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0 (delays, offsets, loss weights)."""
+    value = _finite_number(text)
+    if value < 0.0:
+        raise argparse.ArgumentTypeError(f'must be >= 0, got {value}')
+    return value
