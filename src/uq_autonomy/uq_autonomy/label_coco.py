@@ -28,8 +28,8 @@ also places each crop in its camera frame, where the store knows it:
 ``info.exhaustive`` is false: a help label names one object the robot asked about, not
 every object in the frame, so the labels are partial (no AP can be computed from them).
 
-Import is all or nothing (every entry is checked before any is stored) and reads either
-such a COCO file (re-imported after corrections in another tool: the
+Import is all or nothing (one transaction, rolled back unless every entry is accepted) and
+reads either such a COCO file (re-imported after corrections in another tool: the
 request id comes back from ``attributes.request_id``, else it is derived from the image bytes
 and box so a second import of the same file is idempotent) or a JSON-lines file of answers
 to pending requests, one ``{"request_id": ..., "label": ..., "labeler": ...}`` per line
@@ -38,6 +38,7 @@ to pending requests, one ``{"request_id": ..., "label": ..., "labeler": ...}`` p
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -208,7 +209,7 @@ def export_coco(store: LabelStore, directory: str | os.PathLike[str], *,
 
 
 class _ImportRefused(Exception):
-    """An entry was refused while the import's transaction was open: roll it all back."""
+    """An entry was invalid or refused: roll the import's transaction back."""
 
 
 @dataclass(frozen=True)
@@ -306,38 +307,35 @@ def _coco_entries(path: Path, data: dict[str, Any], labeler: str | None,
     _by_id(path, annotations, 'annotation')
     now = datetime.now().timestamp()
     entries = []
-    # The store's own checks decide validity (one rule); a scratch store takes the writes,
-    # so that a file answering one request twice differently is caught here, not half-way.
-    with tempfile.TemporaryDirectory() as scratch_dir, \
-            LabelStore(Path(scratch_dir) / 'check.sqlite3') as scratch:
-        for ann in annotations:
-            where = f'{path.name} annotation {_shown(ann["id"])}'
-            try:
-                image = images[ann['image_id']]
-                label = categories[ann['category_id']]
-                crop = _read_crop(path, image.get('file_name'))
-                attributes = ann.get('attributes') or {}
-                if not isinstance(attributes, dict):
-                    raise ValueError(f'attributes must be an object, got {_shown(attributes)}')
-                bbox = _bbox(ann.get('bbox'))
-                request_id = attributes.get('request_id') or image.get('request_id') or (
+    labelled: dict[str, str] = {}
+    for ann in annotations:
+        where = f'{path.name} annotation {_shown(ann["id"])}'
+        try:
+            image = images[ann['image_id']]
+            label = categories[ann['category_id']]
+            crop = _read_crop(path, image.get('file_name'))
+            attributes = ann.get('attributes') or {}
+            if not isinstance(attributes, dict):
+                raise ValueError(f'attributes must be an object, got {_shown(attributes)}')
+            bbox = _bbox(ann.get('bbox'))
+            request_id = validate_request_id(
+                attributes.get('request_id') or image.get('request_id') or (
                     'import-' + hashlib.sha256(
-                        crop + json.dumps([label, bbox]).encode()).hexdigest()[:24])
-                record = LabelRecord(
-                    request_id=request_id, label=label,
-                    labeler=labeler or attributes.get('labeler') or 'import',
-                    time=_parse_time(attributes.get('time')) or now,
-                    model_id=attributes.get('model_id') or '', crop_png=crop, box=bbox,
-                    track_id=_track_id(attributes.get('track_id', -1)), source='import')
-                result = scratch.put_label(record)
-            except (KeyError, TypeError, ValueError, OSError) as err:
-                summary.add('invalid', f'{where}: {_describe(err)}')
-                continue
-            if result.status is AnswerStatus.CONFLICT:
-                summary.add('invalid', f'{where}: the file labels request {request_id} '
-                                       f'twice, differently')
-                continue
-            entries.append(_Entry(where, request_id, label, record.labeler, record))
+                        crop + json.dumps([label, bbox]).encode()).hexdigest()[:24]))
+            record = LabelRecord(
+                request_id=request_id, label=label,
+                labeler=labeler or attributes.get('labeler') or 'import',
+                time=_parse_time(attributes.get('time')) or now,
+                model_id=attributes.get('model_id') or '', crop_png=crop, box=bbox,
+                track_id=_track_id(attributes.get('track_id', -1)), source='import')
+        except (KeyError, TypeError, ValueError, OSError) as err:
+            summary.add('invalid', f'{where}: {_describe(err)}')
+            continue
+        if labelled.setdefault(request_id, label) != label:
+            summary.add('invalid', f'{where}: the file labels request {request_id} '
+                                   f'twice, differently')
+            continue
+        entries.append(_Entry(where, request_id, label, record.labeler, record))
     return entries
 
 
@@ -366,36 +364,6 @@ def _answer_entries(path: Path, text: str, labeler: str | None,
             continue
         entries.append(_Entry(where, rid, label, who))
     return entries
-
-
-def _refusal(store: LabelStore, entry: _Entry, overrule: bool,
-             answers: bool) -> tuple[AnswerStatus, str] | None:
-    """Why the store would refuse ``entry`` (the store's rules, checked without writing)."""
-    existing = store.get_label(entry.request_id)
-    if existing is not None:
-        if overrule or _same_label(existing.label, entry.label):
-            return None
-        return (AnswerStatus.CONFLICT,
-                f"request {entry.request_id} was already answered '{existing.label}' by "
-                f"{existing.labeler}; the new answer '{entry.label}' is refused (import with "
-                f'--overrule to replace it)')
-    if not answers:
-        return None
-    request = store.get_request(entry.request_id)
-    if request is None:
-        return (AnswerStatus.UNKNOWN_REQUEST,
-                f'unknown request {entry.request_id!r}: no such help request was raised (or '
-                f'it is from another label store)')
-    if request.status == 'withdrawn':
-        return AnswerStatus.WITHDRAWN, f'request {entry.request_id!r} was withdrawn'
-    return None
-
-
-def _same_label(stored: str, label: str) -> bool:
-    try:
-        return validate_label(stored) == label
-    except LabelValidationError:
-        return stored == label
 
 
 def _describe(err: Exception) -> str:
@@ -437,9 +405,9 @@ def import_labels(store: LabelStore, path: str | os.PathLike[str], *,
                   labeler: str | None = None, overrule: bool = False) -> ImportSummary:
     """Import a COCO annotations file (``.json``) or a JSON-lines answers file (``.jsonl``).
 
-    All or nothing: every entry is checked first, by the store's rules and against the
-    store's labels and requests; when one is invalid or would be refused, the summary lists
-    them all and nothing is stored (``summary.stored_nothing``).
+    All or nothing: every entry goes to the store, whose rules accept or refuse it, inside
+    one transaction; when one is invalid or refused, the summary lists them all and the
+    transaction is rolled back (``summary.stored_nothing``).
 
     Raises
     ------
@@ -469,27 +437,29 @@ def import_labels(store: LabelStore, path: str | os.PathLike[str], *,
             raise ValueError(f'{p} is not a COCO annotations file (it needs images, '
                              f'annotations and categories)')
         entries = _coco_entries(p, data, labeler, summary)
-    for entry in entries:
-        refusal = _refusal(store, entry, overrule, answers)
-        if refusal is not None:
-            summary.add(refusal[0].value, f'{entry.where}: {refusal[1]}')
-    if summary.counts:
-        summary.stored_nothing = True
-        return summary
-    try:
-        with store.batch(f'importing {p}'):
-            for entry in entries:
+    # Every entry goes to the store, whose own rules accept or refuse it, inside one
+    # transaction that is rolled back unless the whole file is accepted.
+    accepted: list[str] = []
+    with contextlib.suppress(_ImportRefused), store.batch(f'importing {p}'):
+        for entry in entries:
+            try:
                 if entry.record is not None:
                     result = store.put_label(entry.record, overrule=overrule)
                 else:
                     result = store.answer(entry.request_id, entry.label, entry.labeler,
                                           overrule=overrule, source='import')
-                summary.add(result.status.value,
-                            None if result.accepted else f'{entry.where}: {result.message}')
-                if not result.accepted:
-                    # Refused now though it passed the checks (the store changed meanwhile):
-                    # store none of the file rather than part of it.
-                    raise _ImportRefused
-    except _ImportRefused:
+            except LabelValidationError as err:
+                summary.add('invalid', f'{entry.where}: {err}')
+                continue
+            if result.accepted:
+                accepted.append(result.status.value)
+            else:
+                summary.add(result.status.value, f'{entry.where}: {result.message}')
+        if summary.counts:
+            raise _ImportRefused
+    if summary.counts:
         summary.stored_nothing = True
+    else:
+        for status in accepted:
+            summary.add(status)
     return summary

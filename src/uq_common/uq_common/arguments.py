@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Any
 
 # ROS 2 domain ids that every RMW maps to valid ports (docs.ros.org: "Domain ID").
 MAX_DOMAIN_ID = 232
@@ -31,42 +32,38 @@ def _finite_number(text: str) -> float:
     return value
 
 
+def _checked(value: int | float, ok: bool, rule: str) -> Any:
+    if not ok:
+        raise argparse.ArgumentTypeError(f'{rule}, got {value}')
+    return value
+
+
 def positive_int(text: str) -> int:
     """A whole number >= 1 (counts, sizes, threads)."""
     value = _whole_number(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f'must be >= 1, got {value}')
-    return value
+    return _checked(value, value >= 1, 'must be >= 1')
 
 
 def non_negative_int(text: str) -> int:
     """A whole number >= 0 (seeds)."""
     value = _whole_number(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f'must be >= 0, got {value}')
-    return value
+    return _checked(value, value >= 0, 'must be >= 0')
 
 
 def domain_id(text: str) -> int:
     """A ROS 2 domain id, 0 to :data:`MAX_DOMAIN_ID`."""
     value = _whole_number(text)
-    if not 0 <= value <= MAX_DOMAIN_ID:
-        raise argparse.ArgumentTypeError(f'a ROS domain id must be 0..{MAX_DOMAIN_ID}, '
-                                         f'got {value}')
-    return value
+    return _checked(value, 0 <= value <= MAX_DOMAIN_ID,
+                    f'a ROS domain id must be 0..{MAX_DOMAIN_ID}')
 
 
 def positive_float(text: str) -> float:
     """A finite number > 0 (rates, durations, timeouts)."""
     value = _finite_number(text)
-    if value <= 0.0:
-        raise argparse.ArgumentTypeError(f'must be > 0, got {value}')
-    return value
+    return _checked(value, value > 0.0, 'must be > 0')
 
 
 def non_negative_float(text: str) -> float:
     """A finite number >= 0 (delays, offsets, loss weights)."""
     value = _finite_number(text)
-    if value < 0.0:
-        raise argparse.ArgumentTypeError(f'must be >= 0, got {value}')
-    return value
+    return _checked(value, value >= 0.0, 'must be >= 0')

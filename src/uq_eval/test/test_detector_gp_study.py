@@ -37,7 +37,8 @@ def _embedding_of(model: CenterNetDetector, mlp_input: np.ndarray) -> tuple[np.n
     return hidden.numpy(), phi.numpy()
 
 
-@pytest.mark.skipif(not (MODELS / 'detector.pt').is_file(), reason='no shipped detector')
+@pytest.mark.skipif(not (MODELS / 'detector.pt').is_file(),
+                    reason='models/detector.pt (the shipped detector) is not in this checkout')
 def test_recorded_layers_belong_to_the_same_detections_as_phi(tmp_path):
     from uq_perception.detector_data import load_split
     from uq_sim.dataset import generate_dataset
