@@ -11,7 +11,7 @@ import pytest
 from rclpy.serialization import deserialize_message, serialize_message
 from rosbags.rosbag2 import Reader, StoragePlugin, Writer
 
-from uq_eval.bag_types import uq_typestore
+from uq_eval.bags.types import uq_typestore
 from uq_msgs.msg import AutonomyState, Detection, DetectionArray, HelpRequest, Uncertainty
 
 MESSAGE_TYPES = [Uncertainty, Detection, DetectionArray, AutonomyState, HelpRequest]

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from uq_eval.closed_loop import ClosedLoop, LoopObserver, run_trial
-from uq_eval.shared_autonomy_metrics import score_trial, trial_samples
+from uq_eval.closed_loop.loop import ClosedLoop, LoopObserver, run_trial
+from uq_eval.closed_loop.shared_autonomy_metrics import score_trial, trial_samples
 
 DOMAIN = 98
 DEADLINE_S, PERIOD_S = 0.5, 0.05  # config/shared_autonomy.yaml, arbitration_node

@@ -27,7 +27,7 @@ KNOWN = {'box', 'sphere', 'cylinder', 'mug', 'ellipsoid', 'rock'}
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp('demo')
     result = subprocess.run(
-        [sys.executable, '-m', 'uq_eval.demo', '--out', str(out), '--domain-id',
+        [sys.executable, '-m', 'uq_eval.closed_loop.demo', '--out', str(out), '--domain-id',
          str(DOMAIN_ID), '--trial-timeout', str(TRIAL_TIMEOUT_S), '--answer-delay',
          str(ANSWER_DELAY_S)],
         cwd=REPO, env=os.environ | {'PYTHONUNBUFFERED': '1'}, capture_output=True, text=True,

@@ -1,6 +1,8 @@
 """The package graph: every import of a workspace package or a third-party module is declared
 in the importing package's ``package.xml`` (rosdep keys), and packages import only from
-layers below their own (DESIGN.md §2), so rosdep and Docker builds from the manifests work.
+layers below their own, so rosdep and Docker builds from the manifests work; inside the
+packages, modules form no import cycle, only nodes and a listed few modules talk to ROS, and
+``uq_eval`` is one subpackage per family (docs/dependencies.md).
 
 Third-party modules map to rosdep keys through the table in ``docs/dependencies.md``; the
 ones that only pip provides are listed there with the packages that use them.
@@ -164,3 +166,134 @@ def test_checker_reports_an_undeclared_import(tmp_path):
         '</package>')
     (package / 'uq_common' / 'core.py').write_text('import numpy\n')
     assert check_package(package, {'numpy': 'python3-numpy'}, {}, {'rclpy'}) == []
+
+
+# -- modules and subpackages inside the packages ---------------------------------------------
+
+# Modules that talk to ROS (rclpy or the generated uq_msgs types) besides the nodes
+# (``*_node.py``): the node entry helpers, message conversion, and the evaluation tools that
+# drive a graph over DDS. Every other module is ROS-free: importable and testable without a
+# ROS installation.
+ROS_FACING_MODULES = {
+    'uq_common.node_main', 'uq_common.qos', 'uq_common.spin_thread',
+    'uq_perception.messages',
+    'uq_eval.bags.record', 'uq_eval.bags.replay',
+    'uq_eval.benchmarks.arbitration', 'uq_eval.benchmarks.node',
+    'uq_eval.closed_loop.demo_recorder', 'uq_eval.closed_loop.help_eval',
+    'uq_eval.closed_loop.loop',
+}
+ROS_MODULES = {'rclpy', 'uq_msgs'}
+# The families of the evaluation package; each registers its `uq` subcommands in one
+# ``commands`` module.
+EVAL_SUBPACKAGES = ('bags', 'benchmarks', 'closed_loop', 'detector', 'mnist')
+
+
+def module_name(path: Path, package_dir: Path) -> str:
+    """Dotted module name of a file of an ament_python package (``__init__`` is the package)."""
+    parts = path.relative_to(package_dir).with_suffix('').parts
+    return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
+
+
+def workspace_imports(path: Path, package: str) -> set[str]:
+    """Dotted names of the modules of ``package`` that a file imports, nested imports included
+    (``from pkg.sub import name`` counts as ``pkg.sub.name`` when that is a module)."""
+    tree = ast.parse(path.read_text(encoding='utf-8'), filename=str(path))
+    # Imports for type annotations only (``if TYPE_CHECKING:``) never run: not an arrow.
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, 'id', None) == 'TYPE_CHECKING':
+            node.body = []
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names if a.name.split('.')[0] == package)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split('.')[0] == package:
+            names.add(node.module)
+            names.update(f'{node.module}.{a.name}' for a in node.names)
+    return names
+
+
+def module_graph(package_dir: Path) -> dict[str, set[str]]:
+    """Import arrows between the modules of one package's code folder."""
+    name = package_dir.name
+    files = {module_name(p, package_dir): p for p in (package_dir / name).rglob('*.py')}
+    return {module: {m for m in workspace_imports(path, name) if m in files and m != module}
+            for module, path in files.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of the graph as a list of nodes (first repeated last), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def package_arrows(graph: dict[str, set[str]], depth: int) -> dict[str, set[str]]:
+    """The module graph collapsed onto the (sub)packages named by the first ``depth`` parts,
+    ``__init__`` modules left out (they may name their members)."""
+    def group(module: str) -> str:
+        return '.'.join(module.split('.')[:depth])
+
+    arrows: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        arrows.setdefault(group(module), set()).update(
+            group(t) for t in targets if group(t) != group(module))
+    return arrows
+
+
+@pytest.mark.parametrize('package', PYTHON_PACKAGES)
+def test_no_import_cycle_between_modules(package):
+    cycle = find_cycle(module_graph(SRC / package))
+    assert cycle is None, 'import cycle: ' + ' -> '.join(cycle or [])
+
+
+def test_eval_subpackages_form_no_cycle_and_each_has_one_commands_module():
+    graph = module_graph(SRC / 'uq_eval')
+    flat = [m for m in graph if m.count('.') == 1 and m.split('.')[1] not in EVAL_SUBPACKAGES]
+    assert flat == [], f'modules outside the family subpackages: {flat}'
+    arrows = package_arrows(graph, 2)
+    cycle = find_cycle(arrows)
+    assert cycle is None, 'subpackage cycle: ' + ' -> '.join(cycle or [])
+    entry_points = (SRC / 'uq_eval' / 'setup.py').read_text(encoding='utf-8')
+    targets = re.findall(r"'[\w.-]+ = (uq_eval\.[\w.]+):\w+'", entry_points)
+    assert targets, 'no uq.commands entry points found in uq_eval/setup.py'
+    assert {t.rsplit('.', 1)[1] for t in targets} == {'commands'}, targets
+    assert {t.split('.')[1] for t in targets} == set(EVAL_SUBPACKAGES)
+
+
+@pytest.mark.parametrize('package', PYTHON_PACKAGES)
+def test_ros_free_modules_import_no_ros(package):
+    package_dir = SRC / package
+    talking = set()
+    for path in sorted((package_dir / package).rglob('*.py')):
+        if ROS_MODULES & imported_modules(path):
+            talking.add(module_name(path, package_dir))
+    nodes = {m for m in talking if m.endswith('_node')}
+    assert talking - nodes <= ROS_FACING_MODULES, (
+        f'modules that should be ROS-free import rclpy or uq_msgs: '
+        f'{sorted(talking - nodes - ROS_FACING_MODULES)}')
+
+
+def test_cycle_finder_finds_a_planted_cycle():
+    graph = {'p.a': {'p.b'}, 'p.b': {'p.c'}, 'p.c': {'p.a'}, 'p.d': set()}
+    assert find_cycle(graph) == ['p.a', 'p.b', 'p.c', 'p.a']
+    graph['p.c'] = set()
+    assert find_cycle(graph) is None
+    assert package_arrows({'p.x.m': {'p.y.n'}, 'p.y.n': {'p.x.k'}}, 2) == {
+        'p.x': {'p.y'}, 'p.y': {'p.x'}}

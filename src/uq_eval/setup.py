@@ -20,21 +20,22 @@ setup(
         'console_scripts': [
         ],
         # Subcommands of `uq` (uq_common.cli): the name is the command path with dots
-        # ("bench.gp" is `uq bench gp`), the value a function that fills an argparse parser.
+        # ("bench.gp" is `uq bench gp`), the value a function that fills an argparse parser;
+        # each subpackage lists its own in its `commands` module.
         'uq.commands': [
-            'demo = uq_eval.demo:configure',
-            'train = uq_eval.train_command:configure',
-            'eval.detector = uq_eval.detector_eval:configure',
-            'eval.detector-gp = uq_eval.detector_gp_study:configure',
-            'eval.bag = uq_eval.bag_command:configure',
-            'eval.shared-autonomy = uq_eval.shared_autonomy_eval:configure',
-            'eval.help = uq_eval.help_eval:configure',
-            'sim.record = uq_eval.bag_record:configure',
-            'replay = uq_eval.bag_replay:configure',
-            'bench.gp = uq_eval.gp_benchmark:configure',
-            'bench.mnist = uq_eval.mnist_benchmark:configure',
-            'bench.node = uq_eval.node_benchmark:configure',
-            'bench.arbitration = uq_eval.arbitration_benchmark:configure',
+            'demo = uq_eval.closed_loop.commands:demo',
+            'train = uq_eval.detector.commands:train',
+            'eval.detector = uq_eval.detector.commands:eval_detector',
+            'eval.detector-gp = uq_eval.detector.commands:eval_detector_gp',
+            'eval.bag = uq_eval.bags.commands:eval_bag',
+            'eval.shared-autonomy = uq_eval.closed_loop.commands:eval_shared_autonomy',
+            'eval.help = uq_eval.closed_loop.commands:eval_help',
+            'sim.record = uq_eval.bags.commands:sim_record',
+            'replay = uq_eval.bags.commands:replay',
+            'bench.gp = uq_eval.benchmarks.commands:bench_gp',
+            'bench.mnist = uq_eval.mnist.commands:bench_mnist',
+            'bench.node = uq_eval.benchmarks.commands:bench_node',
+            'bench.arbitration = uq_eval.benchmarks.commands:bench_arbitration',
         ],
     },
 )

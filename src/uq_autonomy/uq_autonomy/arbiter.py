@@ -5,7 +5,7 @@ parameters, QoS and timers to it). Everything here is deterministic: every entry
 the current time explicitly, in seconds of a monotonic clock, so tests drive it with
 hand-built inputs and invented clocks.
 
-Levels (``../shared/DESIGN.md`` section 6):
+Levels (``docs/arbitration.md``):
 
 ====  ==============  =========================================================================
  0    teleoperation   operator command only
@@ -29,416 +29,46 @@ its timeout counts as zero at levels 0-2; an autonomy command older than its tim
 zero everywhere.
 """
 
+
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from enum import Enum, IntEnum
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from uq_common.str_enum import StrEnum
+from uq_autonomy.arbiter_config import (
+    NUM_LEVELS,
+    TWIST_SIZE,
+    ArbiterConfig,
+    DrivingDetection,
+    Level,
+    Thresholds,
+    UncertaintySignal,
+    parse_enum,
+)
+from uq_autonomy.frame_validity import (
+    DetectionSummary,
+    Perception,
+    UncertaintyValues,
+    assess_frame,
+    detection_problem,
+    future_stamp_problem,
+    stamp_problem,
+    too_many_detections,
+)
 
-NUM_LEVELS = 4
-TWIST_SIZE = 6  # linear x, y, z then angular x, y, z, as geometry_msgs/Twist
-
-# Entropies and variances computed as differences of float32 numbers can come out a hair
-# below zero; anything more negative than this is a broken producer, not rounding.
-NEGATIVE_TOLERANCE = 1e-6
-
-
-class Level(IntEnum):
-    """Levels of autonomy, numbered as the ``uq_msgs/AutonomyState`` constants."""
-
-    TELEOPERATION = 0
-    GUIDED = 1
-    SHARED = 2
-    ASSISTANCE = 3
-
-    @property
-    def label(self) -> str:
-        """Lower-case name, as in ``AutonomyState.level_name``."""
-        return self.name.lower()
-
-
-class UncertaintySignal(StrEnum):
-    """Which epistemic uncertainty of a detection drives the level."""
-
-    GP_VARIANCE = 'gp_variance'
-    MUTUAL_INFORMATION = 'mutual_information'
-
-
-class DrivingDetection(StrEnum):
-    """How the detection that drives the decision is chosen among those of a frame."""
-
-    HIGHEST_UNCERTAINTY = 'highest_uncertainty'
-    TARGET_CLASS = 'target_class'
-    TRACK_ID = 'track_id'
-    NEAREST_CENTER = 'nearest_center'
-
-
-def parse_enum(enum_type: type[Enum], value: object, what: str) -> Enum:
-    """Convert ``value`` to a member of ``enum_type``.
-
-    Raises
-    ------
-    ValueError
-        Naming ``what`` and the accepted values when ``value`` is none of them.
-    """
-    if isinstance(value, enum_type):
-        return value
-    try:
-        return enum_type(value)
-    except ValueError:
-        allowed = ', '.join(repr(m.value) for m in enum_type)
-        raise ValueError(f'{what} must be one of {allowed}, got {value!r}') from None
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
-
-
-def _finite(x: float) -> bool:
-    return isinstance(x, int | float) and math.isfinite(x)
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Hysteresis thresholds of one uncertainty signal, in that signal's unit.
-
-    Parameters
-    ----------
-    up : sequence of 3 floats
-        ``up[i]``: uncertainty below it allows a step up from level ``i`` to ``i + 1``.
-    down : sequence of 3 floats
-        ``down[i]``: uncertainty above it forces a step down from level ``i + 1`` to ``i``.
-
-    Raises
-    ------
-    ValueError
-        Unless both have 3 finite non-negative values, each strictly decreasing (a higher
-        level asks for a more certain percept) and ``down[i] > up[i]`` for every ``i`` (a
-        non-empty hysteresis band per level, else the level would chatter).
-    """
-
-    up: tuple[float, ...]
-    down: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, 'up', tuple(float(v) for v in self.up))
-        object.__setattr__(self, 'down', tuple(float(v) for v in self.down))
-        n = NUM_LEVELS - 1
-        for name, values in (('up', self.up), ('down', self.down)):
-            _require(len(values) == n, f'{name} thresholds need {n} values, got {len(values)}')
-            _require(all(math.isfinite(v) and v >= 0.0 for v in values),
-                     f'{name} thresholds must be finite and >= 0, got {list(values)}')
-            _require(all(a > b for a, b in zip(values, values[1:], strict=False)),
-                     f'{name} thresholds must strictly decrease with the level '
-                     f'(a higher level needs a lower uncertainty), got {list(values)}')
-        for i, (up, down) in enumerate(zip(self.up, self.down, strict=True)):
-            _require(down > up,
-                     f'hysteresis needs down[{i}] > up[{i}] (level {Level(i + 1).label}), '
-                     f'got down={down:g} <= up={up:g}')
-
-
-@dataclass(frozen=True)
-class ArbiterConfig:
-    """Everything that tunes the arbiter; validated on construction.
-
-    Parameters
-    ----------
-    uncertainty_signal : UncertaintySignal or str
-        Signal that drives the level.
-    gp_variance_thresholds, mutual_information_thresholds : Thresholds
-        Thresholds per signal (logit^2 and nats), so switching the signal at run time
-        switches to thresholds in the right unit.
-    driving_detection : DrivingDetection or str
-        How the driving detection is chosen in a frame.
-    target_class : str
-        Class name for ``target_class`` selection.
-    target_track_id : int
-        Track id for ``track_id`` selection.
-    image_width, image_height : int
-        Image size in pixels, whose centre ``nearest_center`` selection measures from.
-    min_dwell_s : float
-        Minimum time between a level change and the next step up, and how long the
-        step-up condition must hold.
-    perception_deadline_s : float
-        Longest gap between valid perception messages before the fail-safe.
-    operator_timeout_s, autonomy_timeout_s : float
-        Age after which the operator's or autonomy's command counts as zero.
-    operator_deadband : float
-        At assistance, an operator command with any component above this magnitude
-        overrides the autonomy's command.
-    blend_alpha_min, blend_alpha_max : float
-        Range of the autonomy's weight at the shared level.
-    max_detections : int
-        A frame with more detections is invalid (bounds the work per message).
-    max_frame_age_s, max_future_stamp_s : float
-        A frame stamped more than ``max_frame_age_s`` before the clock, or more than
-        ``max_future_stamp_s`` after it, is invalid (:func:`stamp_problem`).
-    max_linear_speed, max_angular_speed : float
-        Bounds on the norm of the linear (m/s) and angular (rad/s) parts of every command
-        sent.
-    max_linear_accel, max_angular_accel : float
-        Bounds on how fast those parts may change between commands sent (m/s^2, rad/s^2),
-        speeding up and slowing down alike.
-
-    Raises
-    ------
-    ValueError
-        On any inconsistent or out-of-range value, naming it.
-    """
-
-    uncertainty_signal: UncertaintySignal = UncertaintySignal.GP_VARIANCE
-    gp_variance_thresholds: Thresholds = field(
-        default_factory=lambda: Thresholds(up=(1.0, 0.5, 0.25), down=(2.0, 1.0, 0.5)))
-    mutual_information_thresholds: Thresholds = field(
-        default_factory=lambda: Thresholds(up=(0.3, 0.15, 0.05), down=(0.5, 0.3, 0.1)))
-    driving_detection: DrivingDetection = DrivingDetection.HIGHEST_UNCERTAINTY
-    target_class: str = ''
-    target_track_id: int = -1
-    image_width: int = 640
-    image_height: int = 480
-    min_dwell_s: float = 1.0
-    perception_deadline_s: float = 0.5
-    operator_timeout_s: float = 0.5
-    autonomy_timeout_s: float = 0.5
-    operator_deadband: float = 0.05
-    blend_alpha_min: float = 0.2
-    blend_alpha_max: float = 0.8
-    max_detections: int = 1000
-    max_frame_age_s: float = 1.0
-    max_future_stamp_s: float = 0.25
-    max_linear_speed: float = 1.0
-    max_angular_speed: float = 1.5
-    max_linear_accel: float = 2.0
-    max_angular_accel: float = 4.0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, 'uncertainty_signal', parse_enum(
-            UncertaintySignal, self.uncertainty_signal, 'uncertainty_signal'))
-        object.__setattr__(self, 'driving_detection', parse_enum(
-            DrivingDetection, self.driving_detection, 'driving_detection'))
-        if self.driving_detection is DrivingDetection.TARGET_CLASS:
-            _require(bool(self.target_class),
-                     "driving_detection 'target_class' needs a non-empty target_class")
-        if self.driving_detection is DrivingDetection.TRACK_ID:
-            _require(self.target_track_id >= 0,
-                     "driving_detection 'track_id' needs target_track_id >= 0, "
-                     f'got {self.target_track_id}')
-        _require(self.image_width > 0 and self.image_height > 0,
-                 f'image size must be positive, got {self.image_width}x{self.image_height}')
-        _require(_finite(self.min_dwell_s) and self.min_dwell_s >= 0.0,
-                 f'min_dwell_s must be finite and >= 0, got {self.min_dwell_s}')
-        for name in ('perception_deadline_s', 'operator_timeout_s', 'autonomy_timeout_s'):
-            value = getattr(self, name)
-            _require(_finite(value) and value > 0.0, f'{name} must be finite and > 0, got {value}')
-        _require(_finite(self.operator_deadband) and self.operator_deadband >= 0.0,
-                 f'operator_deadband must be finite and >= 0, got {self.operator_deadband}')
-        _require(_finite(self.blend_alpha_min) and _finite(self.blend_alpha_max)
-                 and 0.0 <= self.blend_alpha_min <= self.blend_alpha_max <= 1.0,
-                 'blend alpha needs 0 <= blend_alpha_min <= blend_alpha_max <= 1, got '
-                 f'{self.blend_alpha_min} and {self.blend_alpha_max}')
-        _require(isinstance(self.max_detections, int) and self.max_detections >= 1,
-                 f'max_detections must be an integer >= 1, got {self.max_detections}')
-        for name in ('max_frame_age_s', 'max_future_stamp_s', 'max_linear_speed',
-                     'max_angular_speed', 'max_linear_accel', 'max_angular_accel'):
-            value = getattr(self, name)
-            _require(_finite(value) and value > 0.0, f'{name} must be finite and > 0, got {value}')
-
-    @property
-    def thresholds(self) -> Thresholds:
-        """Thresholds of the signal in force."""
-        if self.uncertainty_signal is UncertaintySignal.MUTUAL_INFORMATION:
-            return self.mutual_information_thresholds
-        return self.gp_variance_thresholds
-
-
-@dataclass(frozen=True, slots=True)
-class UncertaintyValues:
-    """The fields of one ``uq_msgs/Uncertainty`` the arbiter checks (a detection's or the
-    frame-level summary)."""
-
-    gp_variance: float = 0.0
-    mutual_information: float = 0.0
-    predictive_entropy: float = 0.0
-    expected_entropy: float = 0.0
-    max_probability: float = 0.0
-    class_variance: tuple[float, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class DetectionSummary:
-    """The fields of one ``uq_msgs/Detection`` the arbiter looks at and checks.
-
-    The optional fields default to the values of a producer that does not estimate them
-    (empty probabilities and class variances, score 1, zero entropies), each of which is
-    valid when the frame has no class names.
-    """
-
-    class_id: str
-    class_index: int
-    track_id: int
-    center_x: float
-    center_y: float
-    width: float
-    height: float
-    gp_variance: float
-    mutual_information: float
-    class_probabilities: tuple[float, ...] = ()
-    score: float = 1.0
-    predictive_entropy: float = 0.0
-    expected_entropy: float = 0.0
-    max_probability: float = 0.0
-    class_variance: tuple[float, ...] = ()
-
-    @property
-    def uncertainty(self) -> UncertaintyValues:
-        """This detection's uncertainty fields."""
-        return UncertaintyValues(self.gp_variance, self.mutual_information,
-                                 self.predictive_entropy, self.expected_entropy,
-                                 self.max_probability, self.class_variance)
-
-
-@dataclass(frozen=True, slots=True)
-class Perception:
-    """Verdict on one perception frame.
-
-    ``usable`` false means the fail-safe applies and ``reason`` says why; otherwise
-    ``uncertainty`` is the driving value and ``index`` the driving detection.
-    """
-
-    usable: bool
-    uncertainty: float
-    reason: str
-    index: int = -1
-
-
-# Box coordinates and sizes beyond this many pixels belong to no camera (the largest
-# image size the parameters accept is 100000 pixels a side).
-MAX_BOX_PIXELS = 1e5
-# Probabilities travel as float32 and are rounded by the producer; a sum further than this
-# from 1 is not a distribution.
-PROBABILITY_SUM_TOLERANCE = 1e-3
-
-
-def _all_finite(values: Sequence[float]) -> bool:
-    return all(math.isfinite(v) for v in values)
-
-
-def _uncertainty_problem(where: str, u: UncertaintyValues, num_classes: int) -> str | None:
-    """Why ``u`` is not a valid uncertainty for a frame with ``num_classes`` classes, or None.
-
-    Variances and entropies are finite and >= 0 (up to rounding); entropies (and the mutual
-    information, a difference of them) are at most ``ln(num_classes)``; the expected entropy
-    is at most the predictive one; ``max_probability`` is in [0, 1]; ``class_variance`` has
-    one finite value >= 0 per class, or none.
-    """
-    scalars = (('gp_variance', u.gp_variance), ('mutual_information', u.mutual_information),
-               ('predictive_entropy', u.predictive_entropy),
-               ('expected_entropy', u.expected_entropy),
-               ('max_probability', u.max_probability))
-    for name, value in scalars:
-        if not math.isfinite(value):
-            return f'non-finite {name} ({value}) in {where}'
-        if value < -NEGATIVE_TOLERANCE:
-            return f'negative {name} ({value:.3g}) in {where}'
-    if u.max_probability > 1.0 + NEGATIVE_TOLERANCE:
-        return f'max_probability {u.max_probability:.6g} above 1 in {where}'
-    if num_classes > 0:
-        # Entropies of a distribution over C classes lie in [0, ln C] (ln 2 for C = 1, so a
-        # one-class producer that reports a binary entropy is not refused).
-        limit = math.log(max(num_classes, 2)) + 1e-3
-        for name, value in scalars[1:4]:
-            if value > limit:
-                return (f'{name} {value:.6g} above ln({num_classes}) = {limit - 1e-3:.4g} '
-                        f'in {where}')
-    if u.expected_entropy > u.predictive_entropy + 1e-3:
-        return (f'expected_entropy {u.expected_entropy:.6g} above predictive_entropy '
-                f'{u.predictive_entropy:.6g} in {where}')
-    if u.class_variance:
-        if len(u.class_variance) != num_classes:
-            return (f'{len(u.class_variance)} class variances for {num_classes} classes '
-                    f'in {where}')
-        if not _all_finite(u.class_variance):
-            return f'non-finite class_variance in {where}'
-        if min(u.class_variance) < -NEGATIVE_TOLERANCE:
-            return f'negative class_variance in {where}'
-    return None
-
-
-def detection_problem(i: int, d: DetectionSummary, num_classes: int) -> str | None:
-    """Why detection ``i`` of a frame with ``num_classes`` class names is invalid, or None.
-
-    The full rule is in ``docs/arbitration.md`` ("Frame validity").
-    """
-    where = f'detection {i}'
-    box = (d.center_x, d.center_y, d.width, d.height)
-    if not _all_finite(box):
-        return f'non-finite box in {where}'
-    if d.width <= 0.0 or d.height <= 0.0:
-        return f'non-positive box size {d.width:g}x{d.height:g} in {where}'
-    if max(abs(v) for v in box) > MAX_BOX_PIXELS:
-        return f'box beyond {MAX_BOX_PIXELS:g} pixels in {where}'
-    if not math.isfinite(d.score) or not 0.0 <= d.score <= 1.0:
-        return f'score {d.score} outside [0, 1] in {where}'
-    if not -1 <= d.class_index < num_classes:
-        return (f'class_index {d.class_index} outside [-1, {num_classes}) '
-                f'({num_classes} class names) in {where}')
-    probs = d.class_probabilities
-    if len(probs) != num_classes:
-        return f'{len(probs)} class probabilities for {num_classes} classes in {where}'
-    if probs:
-        if not _all_finite(probs):
-            return f'non-finite class probability in {where}'
-        if min(probs) < 0.0 or max(probs) > 1.0:
-            return f'class probability outside [0, 1] in {where}'
-        total = math.fsum(probs)
-        if abs(total - 1.0) > PROBABILITY_SUM_TOLERANCE:
-            return f'class probabilities sum to {total:.6g}, not 1, in {where}'
-    return _uncertainty_problem(where, d.uncertainty, num_classes)
-
-
-def too_many_detections(count: int, config: ArbiterConfig) -> str:
-    """Reason given for a frame with ``count`` > ``config.max_detections`` detections."""
-    return (f'invalid DetectionArray: {count} detections, more than max_detections '
-            f'{config.max_detections}')
-
-
-def stamp_problem(stamp_s: float, clock_s: float, config: ArbiterConfig) -> str | None:
-    """Why a frame stamped ``stamp_s`` is unacceptable at ``clock_s`` (same clock), or None.
-
-    Too old (``clock_s - stamp_s > max_frame_age_s``: a zero stamp, a stalled pipeline, a
-    replayed frame) or from the future (``stamp_s - clock_s > max_future_stamp_s``: a
-    producer whose clock runs ahead, or a wrong time source).
-    """
-    age = clock_s - stamp_s
-    if not math.isfinite(age):
-        return f'invalid DetectionArray: stamp {stamp_s} not comparable with the clock'
-    if age > config.max_frame_age_s:
-        return (f'invalid DetectionArray: stamp {age:.3f} s old, more than max_frame_age_s '
-                f'{config.max_frame_age_s:g}')
-    return future_stamp_problem(stamp_s, clock_s, config.max_future_stamp_s)
-
-
-def future_stamp_problem(stamp_s: float, clock_s: float, max_future_stamp_s: float) -> str | None:
-    """Why a frame stamped ``stamp_s`` is too far ahead of ``clock_s`` (same clock), or None.
-
-    The future half of :func:`stamp_problem`, for nodes that accept old frames (a bag
-    replayed on the wall clock) but must not let one stamp from the future move their own
-    notion of time ahead.
-    """
-    ahead = stamp_s - clock_s
-    if not math.isfinite(ahead):
-        return f'invalid DetectionArray: stamp {stamp_s} not comparable with the clock'
-    if ahead > max_future_stamp_s:
-        return (f'invalid DetectionArray: stamp {ahead:.3f} s ahead of the clock, more than '
-                f'max_future_stamp_s {max_future_stamp_s:g}')
-    return None
+# The arbiter's public names, including the configuration and frame checks it is built
+# from, so that its users import everything from here.
+__all__ = [
+    'NUM_LEVELS', 'TWIST_SIZE', 'Arbiter', 'ArbiterConfig', 'ArbiterState', 'DetectionSummary',
+    'DrivingDetection', 'Level', 'Perception', 'Step', 'Thresholds', 'Transition',
+    'UncertaintySignal', 'UncertaintyValues', 'assess_frame', 'blend_alpha',
+    'command_for_level', 'detection_problem', 'future_stamp_problem', 'limit_command',
+    'parse_enum', 'stamp_problem', 'too_many_detections',
+]
 
 
 def limit_command(command: NDArray[np.float64], previous: NDArray[np.float64], dt: float,
@@ -472,74 +102,6 @@ def limit_command(command: NDArray[np.float64], previous: NDArray[np.float64], d
             v = v * (speed / norm)
         out[part] = v
     return out
-
-
-def assess_frame(detections: Sequence[DetectionSummary], num_classes: int,
-                 config: ArbiterConfig,
-                 frame_uncertainty: UncertaintyValues | None = None) -> Perception:
-    """Check a whole frame and pick its driving uncertainty.
-
-    Parameters
-    ----------
-    detections : sequence of DetectionSummary
-        The frame's detections, in message order.
-    num_classes : int
-        ``len(DetectionArray.class_names)``.
-    config : ArbiterConfig
-        Selects the signal and the driving detection; bounds the number of detections.
-    frame_uncertainty : UncertaintyValues, optional
-        The frame-level ``DetectionArray.uncertainty``, checked by the same rule.
-
-    Returns
-    -------
-    Perception
-        Unusable for an empty frame, one with more than ``config.max_detections``
-        detections (checked before anything else, so the excess costs nothing), any invalid
-        field of any detection or of the frame-level uncertainty (see
-        :func:`detection_problem`; one broken value makes the whole frame suspect, driving
-        signal or not), or when no detection matches the target; else the driving value.
-        Ties between candidates go to the higher uncertainty, the cautious choice.
-    """
-    if not detections:
-        return Perception(False, math.nan, 'empty DetectionArray: no detection to judge')
-    if len(detections) > config.max_detections:
-        return Perception(False, math.nan, too_many_detections(len(detections), config))
-    if frame_uncertainty is not None:
-        problem = _uncertainty_problem('the frame-level uncertainty', frame_uncertainty,
-                                       num_classes)
-        if problem is not None:
-            return Perception(False, math.nan, f'invalid DetectionArray: {problem}')
-    signal = config.uncertainty_signal
-    values: list[float] = []
-    for i, d in enumerate(detections):
-        problem = detection_problem(i, d, num_classes)
-        if problem is not None:
-            return Perception(False, math.nan, f'invalid DetectionArray: {problem}')
-        u = float(d.gp_variance if signal is UncertaintySignal.GP_VARIANCE
-                  else d.mutual_information)
-        values.append(max(u, 0.0))
-
-    mode = config.driving_detection
-    candidates: Sequence[int]
-    if mode is DrivingDetection.TARGET_CLASS:
-        candidates = [i for i, d in enumerate(detections) if d.class_id == config.target_class]
-        if not candidates:
-            return Perception(False, math.nan,
-                              f'target class {config.target_class!r} not detected')
-    elif mode is DrivingDetection.TRACK_ID:
-        candidates = [i for i, d in enumerate(detections) if d.track_id == config.target_track_id]
-        if not candidates:
-            return Perception(False, math.nan,
-                              f'target track {config.target_track_id} not detected')
-    elif mode is DrivingDetection.NEAREST_CENTER:
-        cx, cy = 0.5 * config.image_width, 0.5 * config.image_height
-        dist = [(d.center_x - cx) ** 2 + (d.center_y - cy) ** 2 for d in detections]
-        nearest = min(dist)
-        candidates = [i for i, r in enumerate(dist) if r == nearest]
-    else:
-        candidates = range(len(detections))
-    best = max(candidates, key=values.__getitem__)
-    return Perception(True, values[best], f'detection {best}', best)
 
 
 def blend_alpha(uncertainty: float, config: ArbiterConfig) -> float:

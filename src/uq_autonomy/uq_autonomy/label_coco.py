@@ -51,7 +51,6 @@ from typing import Any
 
 from uq_autonomy.crops import png_size
 from uq_autonomy.label_store import (
-    MAX_CROP_BYTES,
     AnswerStatus,
     LabelRecord,
     LabelStore,
@@ -61,6 +60,7 @@ from uq_autonomy.label_store import (
     validate_labeler,
     validate_request_id,
 )
+from uq_autonomy.label_validation import MAX_CROP_BYTES
 from uq_common.json_text import parse_json
 
 IMAGES_DIR = 'images'

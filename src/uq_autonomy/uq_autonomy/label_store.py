@@ -42,7 +42,6 @@ import json
 import logging
 import math
 import os
-import re
 import sqlite3
 import threading
 import time
@@ -53,26 +52,32 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import NDArray
 
-from uq_autonomy.crops import PNG_SIGNATURE, png_size
+from uq_autonomy.crops import png_size
+from uq_autonomy.label_validation import (
+    MAX_LABELER_LENGTH,
+    MAX_MODEL_ID_LENGTH,
+    MAX_REASON_LENGTH,
+    LabelValidationError,
+    same_label,
+    validate_box,
+    validate_candidates,
+    validate_crop,
+    validate_embedding,
+    validate_label,
+    validate_labeler,
+    validate_optional_text,
+    validate_request_id,
+)
 from uq_common.class_labels import (
     MAX_LABEL_LENGTH,
-    InvalidLabelError,
-    is_request_id,
-    normalise_label,
 )
 from uq_common.str_enum import StrEnum
 
 _log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
-MAX_LABELER_LENGTH = 64
-MAX_REASON_LENGTH = 2000
-MAX_MODEL_ID_LENGTH = 256
-MAX_CANDIDATES = 100
-MAX_CROP_BYTES = 8 * 1024 * 1024
-MAX_EMBEDDING_DIM = 65536
 ENV_STORE_PATH = 'UQ_LABEL_STORE'
 
 
@@ -110,146 +115,6 @@ class LabelStoreReadOnlyError(LabelStoreError):
 
 class LabelStoreVersionError(LabelStoreError):
     """The file's schema version is newer than this code understands."""
-
-
-class LabelValidationError(ValueError):
-    """An answer, request or record field is invalid (empty, too long, control characters)."""
-
-
-# -- validation ------------------------------------------------------------------------------
-
-def _normalise_text(value: object, what: str, max_length: int) -> str:
-    if not isinstance(value, str):
-        raise LabelValidationError(f'{what} must be a string, got {type(value).__name__}')
-    if not value.isprintable():  # tabs, newlines and other control characters included
-        bad = next(c for c in value if not c.isprintable())
-        raise LabelValidationError(
-            f'{what} contains the non-printable character {bad!r}; use printable text only')
-    text = re.sub(' {2,}', ' ', value.strip(' '))
-    if not text:
-        raise LabelValidationError(f'{what} must not be empty')
-    if len(text) > max_length:
-        raise LabelValidationError(
-            f'{what} is {len(text)} characters long; at most {max_length} are allowed')
-    return text
-
-
-def validate_label(label: object) -> str:
-    """Normalised class label, by the rule the detector teaches by
-    (:func:`uq_common.class_labels.normalise_label`): a label stored here is never refused
-    by ``teach_object``.
-
-    Raises
-    ------
-    LabelValidationError
-        Unless the label passes that rule.
-    """
-    try:
-        return normalise_label(label)
-    except InvalidLabelError as exc:
-        raise LabelValidationError(str(exc)) from None
-
-
-def _same_label(stored: str, label: str) -> bool:
-    # Rows written before labels were case-folded hold e.g. 'Mug': answering 'Mug' (folded
-    # to 'mug') again is the same answer, not a conflict.
-    try:
-        return normalise_label(stored) == label
-    except InvalidLabelError:
-        return stored == label
-
-
-def validate_labeler(labeler: object) -> str:
-    """Normalised labeler name: printable, surrounding spaces stripped, runs of spaces
-    collapsed, case kept, at most :data:`MAX_LABELER_LENGTH` characters."""
-    return _normalise_text(labeler, 'labeler', MAX_LABELER_LENGTH)
-
-
-def validate_request_id(request_id: object) -> str:
-    """The request id, when it is 1-128 characters of ``A-Z a-z 0-9 . _ : -`` (no leading
-    punctuation).
-
-    Raises
-    ------
-    LabelValidationError
-        Otherwise.
-    """
-    if not isinstance(request_id, str):
-        raise LabelValidationError(
-            f'request_id must be a string, got {type(request_id).__name__}')
-    if not is_request_id(request_id):
-        shown = request_id if len(request_id) <= 40 else request_id[:40] + '...'
-        raise LabelValidationError(
-            f'request_id {shown!r} is invalid: use 1-128 characters of letters, digits, '
-            f"'.', '_', ':' or '-', starting with a letter or digit")
-    return request_id
-
-
-def _validate_optional_text(value: object, what: str, max_length: int) -> str:
-    if value is None or value == '':
-        return ''
-    if not isinstance(value, str):
-        raise LabelValidationError(f'{what} must be a string, got {type(value).__name__}')
-    if len(value) > max_length:
-        raise LabelValidationError(
-            f'{what} is {len(value)} characters long; at most {max_length} are allowed')
-    if not value.isprintable():
-        raise LabelValidationError(f'{what} contains non-printable characters')
-    return value
-
-
-def _validate_crop(crop: bytes | None) -> bytes | None:
-    if crop is None:
-        return None
-    crop = bytes(crop)
-    if len(crop) > MAX_CROP_BYTES:
-        raise LabelValidationError(
-            f'crop is {len(crop)} bytes; at most {MAX_CROP_BYTES} are allowed')
-    if not crop.startswith(PNG_SIGNATURE):
-        raise LabelValidationError('crop must be PNG bytes (see uq_autonomy.crops.encode_png)')
-    return crop
-
-
-def _validate_embedding(embedding: ArrayLike | None) -> NDArray[np.float32] | None:
-    if embedding is None:
-        return None
-    v = np.asarray(embedding, dtype=np.float64).reshape(-1)
-    if v.size == 0 or v.size > MAX_EMBEDDING_DIM:
-        raise LabelValidationError(
-            f'embedding must have 1..{MAX_EMBEDDING_DIM} values, got {v.size}')
-    if not np.all(np.isfinite(v)):
-        raise LabelValidationError('embedding contains non-finite values')
-    return v.astype(np.float32)
-
-
-def _validate_candidates(candidates: Sequence[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
-    if len(candidates) > MAX_CANDIDATES:
-        raise LabelValidationError(
-            f'{len(candidates)} candidates; at most {MAX_CANDIDATES} are allowed')
-    out = []
-    for item in candidates:
-        try:
-            label, probability = item
-            p = float(probability)
-        except (TypeError, ValueError):
-            raise LabelValidationError(
-                f'a candidate must be a (label, probability) pair, got {item!r}') from None
-        if not (math.isfinite(p) and 0.0 <= p <= 1.0):
-            raise LabelValidationError(
-                f'candidate probability must be in [0, 1], got {probability!r} for {label!r}')
-        out.append((validate_label(label), p))
-    return tuple(out)
-
-
-def _validate_box(box: Sequence[float] | None, what: str) -> tuple[float, ...] | None:
-    if box is None:
-        return None
-    values = tuple(float(v) for v in box)
-    if len(values) != 4 or not all(math.isfinite(v) for v in values):
-        raise LabelValidationError(f'{what} must be 4 finite numbers, got {list(box)}')
-    if values[2] < 0.0 or values[3] < 0.0:
-        raise LabelValidationError(f'{what} width and height must be >= 0, got {list(box)}')
-    return values
 
 
 # -- records ---------------------------------------------------------------------------------
@@ -729,13 +594,13 @@ class LabelStore:
             On an invalid id, reason, candidates, crop, embedding or box.
         """
         rid = validate_request_id(request.request_id)
-        reason = _validate_optional_text(request.reason, 'reason', MAX_REASON_LENGTH)
-        candidates = _validate_candidates(request.candidates)
-        crop = _validate_crop(request.crop_png)
-        embedding = _validate_embedding(request.embedding)
-        box = _validate_box(request.box, 'box')
-        model_id = _validate_optional_text(request.model_id, 'model_id', MAX_MODEL_ID_LENGTH)
-        class_name = _validate_optional_text(request.class_name, 'class_name',
+        reason = validate_optional_text(request.reason, 'reason', MAX_REASON_LENGTH)
+        candidates = validate_candidates(request.candidates)
+        crop = validate_crop(request.crop_png)
+        embedding = validate_embedding(request.embedding)
+        box = validate_box(request.box, 'box')
+        model_id = validate_optional_text(request.model_id, 'model_id', MAX_MODEL_ID_LENGTH)
+        class_name = validate_optional_text(request.class_name, 'class_name',
                                              MAX_LABEL_LENGTH)
         width, height = request.image_size or (None, None)
         created = float(request.created) if request.created else self._clock()
@@ -872,7 +737,7 @@ class LabelStore:
         rid = validate_request_id(request_id)
         label = validate_label(label)
         labeler = validate_labeler(labeler)
-        source = _validate_optional_text(source, 'source', MAX_LABELER_LENGTH)
+        source = validate_optional_text(source, 'source', MAX_LABELER_LENGTH)
         with self._write(f'storing the answer to {rid}') as conn:
             existing = conn.execute('SELECT * FROM labels WHERE request_id = ?',
                                     (rid,)).fetchone()
@@ -920,12 +785,12 @@ class LabelStore:
         rid = validate_request_id(record.request_id)
         label = validate_label(record.label)
         labeler = validate_labeler(record.labeler)
-        crop = _validate_crop(record.crop_png)
-        embedding = _validate_embedding(record.embedding)
-        box = _validate_box(record.box, 'box')
-        candidates = _validate_candidates(record.candidates)
-        model_id = _validate_optional_text(record.model_id, 'model_id', MAX_MODEL_ID_LENGTH)
-        source = _validate_optional_text(record.source, 'source', MAX_LABELER_LENGTH)
+        crop = validate_crop(record.crop_png)
+        embedding = validate_embedding(record.embedding)
+        box = validate_box(record.box, 'box')
+        candidates = validate_candidates(record.candidates)
+        model_id = validate_optional_text(record.model_id, 'model_id', MAX_MODEL_ID_LENGTH)
+        source = validate_optional_text(record.source, 'source', MAX_LABELER_LENGTH)
         if not math.isfinite(float(record.time)):
             raise LabelValidationError(f'time must be finite, got {record.time!r}')
         size = record.image_size
@@ -963,7 +828,7 @@ class LabelStore:
         rid = existing['request_id']
         first = (f"'{existing['label']}' by {existing['labeler']} at "
                  f"{format_time(float(existing['time']))}")
-        if _same_label(existing['label'], label):
+        if same_label(existing['label'], label):
             return AnswerResult(
                 AnswerStatus.DUPLICATE,
                 f'request {rid} already has this answer ({first}); nothing changed',

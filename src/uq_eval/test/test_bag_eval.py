@@ -24,8 +24,8 @@ from rosbags.rosbag2 import StoragePlugin, Writer
 from rosbags.typesys import get_types_from_msg
 
 from uq_common.image_codec import MAX_IMAGE_PIXELS, ImageFormatError
-from uq_eval.bag_reader import COMPRESSED_IMAGE_TYPE, IMAGE_TYPE, decode_image
-from uq_eval.bag_types import uq_typestore
+from uq_eval.bags.reader import COMPRESSED_IMAGE_TYPE, IMAGE_TYPE, decode_image
+from uq_eval.bags.types import uq_typestore
 
 STORAGE = {'mcap': StoragePlugin.MCAP, 'sqlite3': StoragePlugin.SQLITE3}
 
@@ -254,8 +254,8 @@ def test_a_failure_in_a_replay_stage_is_raised_and_stops_every_thread(sim_bag):
     import multiprocessing
     import threading
 
-    from uq_eval.bag_eval import BagEvaluator, load_shipped_perception, run_evaluation
-    from uq_eval.bag_reader import BagStream
+    from uq_eval.bags.evaluation import BagEvaluator, load_shipped_perception, run_evaluation
+    from uq_eval.bags.reader import BagStream
 
     class FailsOnThirdFrame(BagEvaluator):
         def record(self, stamp, *args, **kwargs):
@@ -528,8 +528,8 @@ def test_an_image_the_pipeline_cannot_take_is_skipped_not_fatal(sim_frames, tmp_
                                                                   monkeypatch):
     """Should a decoder hand over an image that is not (H, W, 3) uint8, perception refuses
     it before anything changes and the replay skips it, counted."""
-    from uq_eval import bag_reader
-    from uq_eval.bag_eval import (
+    from uq_eval.bags import reader as bag_reader
+    from uq_eval.bags.evaluation import (
         BagEvaluator,
         InvalidMessage,
         load_shipped_perception,

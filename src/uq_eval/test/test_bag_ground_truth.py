@@ -16,7 +16,7 @@ from rosbags.highlevel import AnyReader
 from uq_autonomy.crops import box_in_region, crop_region, cut, encode_png
 from uq_autonomy.label_coco import export_coco
 from uq_autonomy.label_store import LabelStore, PendingRequest
-from uq_eval.bag_types import uq_typestore
+from uq_eval.bags.types import uq_typestore
 
 FRAMES = 6
 RATE_HZ = 2.0

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from uq_eval.demo_report import (
+from uq_eval.closed_loop.demo_report import (
     HelpEvent,
     LoopSnapshot,
     RecordedFrame,

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from uq_eval.detector_gp_study import (
+from uq_eval.detector.gp_study import (
     TWO_LAYER_WEIGHTS,
     UnknownSet,
     known_tail,

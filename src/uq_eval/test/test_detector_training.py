@@ -335,7 +335,7 @@ def test_detection_loss_compactness_term():
 
 
 def test_run_training_and_evaluation_end_to_end(dataset, tmp_path):
-    from uq_eval.detector_eval import evaluate
+    from uq_eval.detector.evaluation import evaluate
     from uq_perception.ntk import LastLayerNTKGP
 
     out = tmp_path / 'models'

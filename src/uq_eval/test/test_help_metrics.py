@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from uq_eval.help_metrics import (
+from uq_eval.closed_loop.help_metrics import (
     AnswerRecord,
     DetectionFrame,
     DetectionRecord,

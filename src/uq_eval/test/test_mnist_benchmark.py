@@ -13,15 +13,8 @@ import pytest
 import torch
 
 from uq_common import cli
-from uq_eval.mnist_benchmark_pipeline import (
-    LAPLACE_VARIANTS,
-    METHOD_LABELS,
-    BenchmarkConfig,
-    Method,
-    fit_temperature,
-)
-from uq_eval.mnist_cnn import SmallCNN, mc_dropout_probabilities, to_tensor
-from uq_eval.mnist_data import (
+from uq_eval.mnist.cnn import SmallCNN, mc_dropout_probabilities, to_tensor
+from uq_eval.mnist.data import (
     OOD_SETS,
     default_data_dir,
     load_benchmark_data,
@@ -29,7 +22,14 @@ from uq_eval.mnist_data import (
     read_npz_images,
     write_idx,
 )
-from uq_eval.mnist_laplace import laplace_version
+from uq_eval.mnist.laplace import laplace_version
+from uq_eval.mnist.pipeline import (
+    LAPLACE_VARIANTS,
+    METHOD_LABELS,
+    BenchmarkConfig,
+    Method,
+    fit_temperature,
+)
 
 SHARED_DATA = Path(__file__).resolve().parents[3] / '..' / 'shared' / 'data'
 

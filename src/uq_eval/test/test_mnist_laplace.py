@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from uq_eval.mnist_cnn import SmallCNN, TrainConfig, to_tensor, train
-from uq_eval.mnist_laplace import (
+from uq_eval.mnist.cnn import SmallCNN, TrainConfig, to_tensor, train
+from uq_eval.mnist.laplace import (
     LaplaceVariant,
     fit_laplace,
     laplace_probabilities,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from uq_common import cli
-from uq_eval.mnist_data import (
+from uq_eval.mnist.data import (
     OOD_SETS,
     MnistBenchmarkData,
     parse_ood_argument,

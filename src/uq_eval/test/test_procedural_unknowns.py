@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from uq_eval.procedural_unknowns import render_procedural_split
+from uq_eval.detector.procedural_unknowns import render_procedural_split
 from uq_sim.objects import KNOWN_CLASSES, PROCEDURAL_CATEGORY_BASE, PROCEDURAL_CLASSES
 
 WORKSPACE = Path(__file__).resolve().parents[3]

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from uq_eval.closed_loop import TimelineSample
-from uq_eval.shared_autonomy_metrics import (
+from uq_eval.closed_loop.loop import TimelineSample
+from uq_eval.closed_loop.shared_autonomy_metrics import (
     operator_weight,
     paired_time_ratio,
     score_trial,

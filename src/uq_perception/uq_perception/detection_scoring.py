@@ -1,6 +1,6 @@
 """Detection scoring on simulator splits (ROS-free): predictions at the operating and AP
 thresholds, COCO-style AP@0.5 per class. Training uses it to check a model on its
-validation split; ``uq eval detector`` (``uq_eval.detector_eval``) reports it.
+validation split; ``uq eval detector`` (``uq_eval.detector.evaluation``) reports it.
 """
 
 from __future__ import annotations

@@ -25,14 +25,16 @@ from uq_sim.objects import (
 from uq_sim.procedural_objects import (
     convex_hull_mesh,
     mesh_centroid,
+    procedural_shape,
+    random_rotation,
+    stable_rest_rotation,
+    superquadric_mesh,
+)
+from uq_sim.procedural_scenes import (
     procedural_family,
     procedural_scene,
     procedural_scene_rng,
-    procedural_shape,
-    random_rotation,
     render_procedural_example,
-    stable_rest_rotation,
-    superquadric_mesh,
 )
 from uq_sim.randomization import sample_scene
 from uq_sim.scene import SceneRenderer, build_mjcf, compose_scene

@@ -25,29 +25,19 @@ The geometry is MuJoCo-free; the scene functions import the renderer when called
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.spatial import ConvexHull
 
-from uq_sim.objects import (
-    PROCEDURAL_CLASSES,
-    Finish,
-    GeomSpec,
-    GeomType,
-    Mesh,
-    uv_sphere_faces,
-)
+from uq_sim.geoms import Finish, GeomSpec, GeomType, Mesh, uv_sphere_faces
 
-if TYPE_CHECKING:
-    from uq_sim.scene import ObjectAnnotation, SceneRenderer, SceneSpec
+# Held-out unknown shape families, generated from a seed for
+# `uq eval detector --procedural-unknowns`. No dataset split holds them, so they are not in
+# uq_sim.objects.ALL_CLASSES (the categories of the dataset contract); their category ids
+# start at uq_sim.objects.PROCEDURAL_CATEGORY_BASE, clear of the dataset's ids.
+PROCEDURAL_CLASSES: tuple[str, ...] = ('procedural_hull', 'procedural_superquadric',
+                                       'procedural_union')
 
-# Spawn key of the scene random streams: with it, SeedSequence([seed, index, attempt])
-# gives streams independent of the dataset's SeedSequence([seed, image_id, attempt]).
-PROCEDURAL_STREAM = 0x70726F63
-# Largest accepted number of procedural objects per evaluation (one scene each).
-MAX_PROCEDURAL_OBJECTS = 5000
-_MAX_ATTEMPTS = 20
 _PRIMITIVES = (GeomType.BOX, GeomType.SPHERE, GeomType.CYLINDER, GeomType.CAPSULE,
                GeomType.ELLIPSOID)
 
@@ -256,7 +246,7 @@ def procedural_shape(class_name: str, rng: np.random.Generator
     Raises
     ------
     ValueError
-        If ``class_name`` is not one of :data:`~uq_sim.objects.PROCEDURAL_CLASSES`.
+        If ``class_name`` is not one of :data:`PROCEDURAL_CLASSES`.
     """
     if class_name == 'procedural_hull':
         mesh = random_hull_mesh(rng)
@@ -271,52 +261,3 @@ def procedural_shape(class_name: str, rng: np.random.Generator
 
 
 # ------------------------------------------------------------------------ scenes
-
-
-def procedural_scene_rng(seed: int, index: int, attempt: int = 0) -> np.random.Generator:
-    """Random stream of procedural scene ``index``: its own spawn key keeps it apart from
-    every dataset image's stream (``uq_sim.dataset.image_rng``) for any seed."""
-    return np.random.default_rng(np.random.SeedSequence(
-        [int(seed), int(index), int(attempt)], spawn_key=(PROCEDURAL_STREAM,)))
-
-
-def procedural_family(index: int) -> str:
-    """The family of procedural object ``index`` (the families take turns)."""
-    return PROCEDURAL_CLASSES[index % len(PROCEDURAL_CLASSES)]
-
-
-def procedural_scene(seed: int, index: int, attempt: int = 0,
-                     size: tuple[int, int] = (320, 240)) -> SceneSpec:
-    """A randomised tabletop scene like the ``test_unknown`` split's, with one procedural
-    object in place of the fixed unknown ones: 1-4 known objects, clutter, lights, camera
-    and gripper drawn by :func:`uq_sim.randomization.sample_scene`.
-
-    ``size`` is the image (width, height).
-    """
-    from uq_sim.randomization import RandomizationConfig, sample_scene
-
-    config = RandomizationConfig(n_known=(1, 4), n_unknown=(1, 1))
-    return sample_scene(procedural_scene_rng(seed, index, attempt), config,
-                        unknown_classes=(procedural_family(index),), size=size)
-
-
-def render_procedural_example(renderer: SceneRenderer, seed: int, index: int
-                              ) -> tuple[np.ndarray, list[ObjectAnnotation]]:
-    """RGB image and annotations of procedural scene ``index``.
-
-    As in the ``test_unknown`` split, scenes are redrawn (deterministically) until the
-    procedural object is annotated, neither occluded nor truncated.
-
-    Raises
-    ------
-    RuntimeError
-        If no such scene is found within the attempt budget (not expected).
-    """
-    for attempt in range(_MAX_ATTEMPTS):
-        renderer.load(procedural_scene(seed, index, attempt, (renderer.width, renderer.height)))
-        frame = renderer.render()
-        if any(a.class_name in PROCEDURAL_CLASSES and not a.occluded and not a.truncated
-               for a in frame.annotations):
-            return frame.rgb, frame.annotations
-    raise RuntimeError(f'no valid scene for procedural object {index} (seed {seed}) after '
-                       f'{_MAX_ATTEMPTS} attempts')

@@ -1,7 +1,7 @@
 """``uq eval shared-autonomy``: the grasp task in closed loop, three policies, same seeds.
 
 The whole graph runs as separate processes over DDS on a private ROS domain
-(:class:`uq_eval.closed_loop.ClosedLoop`), in real time, started once for all trials.
+(:class:`uq_eval.closed_loop.loop.ClosedLoop`), in real time, started once for all trials.
 For each policy the level is pinned through ``set_autonomy_override`` (teleoperation: 0;
 full autonomy: 3, blind to uncertainty; gated: released, the uncertainty decides), then
 trials ``seed .. seed + N - 1`` are played one after another (``reset_task``). The
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from uq_common.arguments import domain_id, non_negative_int, positive_float, positive_int
-from uq_eval.shared_autonomy_metrics import (
+from uq_eval.closed_loop.shared_autonomy_metrics import (
     OPERATOR_MODE,
     PINNED_LEVEL,
     POLICIES,
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.trials < 1:
         print('uq eval shared-autonomy: --trials must be >= 1', file=sys.stderr)
         return 2
-    from uq_eval.closed_loop import ClosedLoop, LoopObserver, run_trial
+    from uq_eval.closed_loop.loop import ClosedLoop, LoopObserver, run_trial
 
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ['ROS_DOMAIN_ID'] = str(args.domain_id)
@@ -190,7 +190,7 @@ def _plot_timeline(timeline: dict, path: Path) -> None:
     axes[1].step(t, [s.level for s in samples], where='post')
     axes[1].set_ylabel('level')
     axes[1].set_yticks([0, 1, 2, 3])
-    from uq_eval.shared_autonomy_metrics import operator_weight
+    from uq_eval.closed_loop.shared_autonomy_metrics import operator_weight
     axes[2].fill_between(t, [operator_weight(s.level, s.blend_alpha, s.operator_speed,
                                              _DEADBAND) for s in samples],
                          step='post', alpha=0.5, label='operator')

@@ -1,14 +1,14 @@
 """Offline bag evaluation: what the perception, the arbiter and the ask-for-help policy
 would have done on a recorded run, and how good the uncertainty was (ROS-free core).
 
-:class:`BagEvaluator` takes a bag's events one at a time (:mod:`uq_eval.bag_reader`):
+:class:`BagEvaluator` takes a bag's events one at a time (:mod:`uq_eval.bags.reader`):
 
 - each image goes through :class:`uq_perception.perception.UncertaintyPerception` (the
   detector node's pipeline, built as the node builds it), is turned into the
   ``DetectionArray`` the node would publish, and that message is fed to the arbiter core
   through the arbitration node's own adapter, and to the ask-for-help core;
 - each ground-truth ``DetectionArray`` is matched to the frame with the same stamp; or
-  ground truth comes from a COCO file (:mod:`uq_eval.bag_ground_truth`), looked up by
+  ground truth comes from a COCO file (:mod:`uq_eval.bags.ground_truth`), looked up by
   each frame's stamp. Partial labels (the ask-for-help export) score only the labelled
   detections: no AP, which needs every object labelled.
 
@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from uq_eval.bag_ground_truth import MAX_BOX_PIXELS
+from uq_eval.bags.ground_truth import MAX_BOX_PIXELS
 from uq_perception.detection_metrics import match_detections
 
 TIME_JUMP_TOLERANCE_S = 1.0
@@ -129,7 +129,7 @@ class BagEvaluator:
         Arbitration node parameters overriding its defaults (e.g. calibrated thresholds
         read with :func:`uq_autonomy.arbitration_params.load_parameters_file`).
     ground_truth
-        A :class:`~uq_eval.bag_ground_truth.CocoGroundTruth` to score frames against
+        A :class:`~uq_eval.bags.ground_truth.CocoGroundTruth` to score frames against
         (instead of a ground-truth topic), or ``None``.
     """
 
@@ -569,7 +569,7 @@ def _record_in_child(evaluator: BagEvaluator, conn: Any) -> None:
 
 def run_evaluation(stream: Any, evaluator: BagEvaluator, progress: bool = True,
                    repeat: int = 1) -> EvaluationData:
-    """Feed every event of ``stream`` (a :class:`~uq_eval.bag_reader.BagStream`) to
+    """Feed every event of ``stream`` (a :class:`~uq_eval.bags.reader.BagStream`) to
     ``evaluator``, ``repeat`` times (each pass shifted in time so stamps keep increasing).
 
     Only the perception pipeline sets the pace. A thread reads and decodes the bag ahead;

@@ -1,6 +1,6 @@
 """``uq demo`` (``make demo``): the whole system in closed loop over real DDS.
 
-Starts, as separate processes on a private ROS domain (:class:`uq_eval.closed_loop.
+Starts, as separate processes on a private ROS domain (:class:`uq_eval.closed_loop.loop.
 ClosedLoop`): the simulated robot with its camera (``sim_robot_node``), the detector, the
 arbitration node, the autonomy (``reach_policy_node``), the scripted operator, the
 ask-for-help node and the scripted labeller node (the person who answers). Plays one
@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
     if args.trial_timeout <= 0 or args.answer_delay < 0:
         print('uq demo: --trial-timeout must be > 0 and --answer-delay >= 0', file=sys.stderr)
         return 2
-    from uq_eval.closed_loop import ClosedLoop, LoopObserver, run_trial
-    from uq_eval.demo_recorder import DemoRecorder
+    from uq_eval.closed_loop.demo_recorder import DemoRecorder
+    from uq_eval.closed_loop.loop import ClosedLoop, LoopObserver, run_trial
 
     started = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(args, recorder, state: dict, samples: list, trial_started: float,
             wall_s: float) -> dict[str, Path]:
-    from uq_eval.demo_report import (
+    from uq_eval.closed_loop.demo_report import (
         annotate_frame,
         label_shares,
         object_labels,
@@ -146,7 +146,11 @@ def _report(args, recorder, state: dict, samples: list, trial_started: float,
         summarise,
         write_summary,
     )
-    from uq_eval.shared_autonomy_metrics import operator_weight, score_trial, trial_samples
+    from uq_eval.closed_loop.shared_autonomy_metrics import (
+        operator_weight,
+        score_trial,
+        trial_samples,
+    )
     from uq_sim.objects import KNOWN_CLASSES
 
     known = set(KNOWN_CLASSES)

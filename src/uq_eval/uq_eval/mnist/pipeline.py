@@ -1,6 +1,6 @@
 """MNIST uncertainty benchmark: train, calibrate on validation, evaluate, time (ROS-free).
 
-One small CNN (:class:`~uq_eval.mnist_cnn.SmallCNN`) is trained from scratch on the
+One small CNN (:class:`~uq_eval.mnist.cnn.SmallCNN`) is trained from scratch on the
 MNIST training images minus a validation split; four more with other seeds complete a deep
 ensemble. Every method below uses these networks and the same data:
 
@@ -49,7 +49,7 @@ from numpy.typing import NDArray
 from scipy.optimize import minimize_scalar
 from tqdm import tqdm
 
-from uq_eval.mnist_cnn import (
+from uq_eval.mnist.cnn import (
     SmallCNN,
     TrainConfig,
     mc_dropout_probabilities,
@@ -57,8 +57,8 @@ from uq_eval.mnist_cnn import (
     to_tensor,
     train,
 )
-from uq_eval.mnist_data import MnistBenchmarkData
-from uq_eval.mnist_laplace import (
+from uq_eval.mnist.data import MnistBenchmarkData
+from uq_eval.mnist.laplace import (
     LAPLACE_INSTALL_HINT,
     LaplaceVariant,
     fit_laplace,

@@ -95,7 +95,7 @@ class BagStream:
     def _open(self) -> None:
         from rosbags.highlevel import AnyReader
 
-        from uq_eval.bag_types import uq_typestore
+        from uq_eval.bags.types import uq_typestore
 
         if not self.path.exists():
             raise self._error('does not exist')

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from uq_eval.mnist_benchmark_pipeline import (
+from uq_eval.mnist.pipeline import (
     IN_DISTRIBUTION,
     NTK_GP_METHODS,
     BenchmarkResult,
@@ -274,7 +274,7 @@ def write_report(result: BenchmarkResult, out_dir: str | Path) -> dict[str, Path
     Parameters
     ----------
     result : BenchmarkResult
-        Output of :func:`~uq_eval.mnist_benchmark_pipeline.run_benchmark`.
+        Output of :func:`~uq_eval.mnist.pipeline.run_benchmark`.
     out_dir : path-like
         Created if missing.
 

@@ -28,7 +28,6 @@ Metrics, all on held-out splits at the model's input size:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -41,65 +40,26 @@ import numpy as np
 
 if TYPE_CHECKING:
     from uq_perception.backends import InferenceBackend
-    from uq_perception.detector import CenterNetDetector, Detections
+    from uq_perception.detector import CenterNetDetector
     from uq_perception.detector_data import DetectionSplit
     from uq_perception.ntk import LastLayerNTKGP
 
 from uq_common.arguments import positive_int
+from uq_eval.detector.scoring import (
+    UNCERTAINTY_SIGNALS,
+    append_uncertainty_signals,
+    matched_objects,
+    print_json_report,
+    safe_auroc,
+    value_spread,
+)
 from uq_perception.detection_scoring import (
-    IOU_THRESHOLD,
     OPERATING_MAX_DETECTIONS,
     OPERATING_THRESHOLD,
     evaluate_detection,
     predict_split,
     rounded,
 )
-
-
-def _matched_objects(split: DetectionSplit, detections: Sequence[Detections]
-                     ) -> list[tuple[int, np.ndarray, np.ndarray]]:
-    """Per image: (image index, detection indices, matched object indices), not-ignored only."""
-    from uq_perception.detection_metrics import match_detections
-
-    out = []
-    for i, dets in enumerate(detections):
-        hard = split.hard(i)
-        matched, ignored = match_detections(dets.boxes, dets.scores, split.boxes[i],
-                                            IOU_THRESHOLD, hard)
-        keep = (matched >= 0) & ~ignored
-        out.append((i, np.flatnonzero(keep), matched[keep]))
-    return out
-
-
-def _spread(values: np.ndarray) -> dict[str, float | None] | None:
-    if values.size == 0:
-        return None
-    return {'mean': rounded(float(values.mean())), 'std': rounded(float(values.std())),
-            'min': rounded(float(values.min())), 'max': rounded(float(values.max()))}
-
-
-def _safe_auroc(scores: np.ndarray, labels: np.ndarray) -> float | None:
-    from uq_perception.metrics import auroc
-
-    if labels.size == 0 or labels.all() or not labels.any():
-        return None
-    return rounded(auroc(scores, labels))
-
-
-UNCERTAINTY_SIGNALS = ('gp_variance', 'mutual_information', 'predictive_entropy',
-                       'max_softmax')
-
-
-def append_uncertainty_signals(signals: dict[str, list[float]], gp: LastLayerNTKGP,
-                               embeddings: np.ndarray, logits: np.ndarray) -> None:
-    """Append each detection's score under every :data:`UNCERTAINTY_SIGNALS` name (higher:
-    more uncertain; max-softmax as one minus the top probability)."""
-    out = gp.predict(embeddings, logits)
-    signals['gp_variance'] += out.gp_variance.tolist()
-    signals['mutual_information'] += out.mutual_information.tolist()
-    signals['predictive_entropy'] += out.predictive_entropy.tolist()
-    z = np.exp(logits - logits.max(axis=1, keepdims=True))
-    signals['max_softmax'] += (1.0 - z.max(axis=1) / z.sum(axis=1)).tolist()
 
 
 def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
@@ -121,7 +81,7 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
     is_unknown: list[bool] = []
     matched_category: list[int] = []
     norms: list[float] = []
-    for i, det_index, obj_index in _matched_objects(test_unknown, dets):
+    for i, det_index, obj_index in matched_objects(test_unknown, dets):
         hard = test_unknown.hard(i)
         unknown = test_unknown.labels[i] < 0
         hit = np.zeros(len(hard), dtype=bool)
@@ -149,18 +109,18 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
         if known_found else None
     result['ood_matched_known'] = int((~labels).sum())
     result['ood_matched_unknown'] = int(labels.sum())
-    result['auroc_unknown'] = {name: _safe_auroc(np.array(v), labels)
+    result['auroc_unknown'] = {name: safe_auroc(np.array(v), labels)
                                for name, v in signals.items()}
     # A norm-aware feature map (uq_perception.ntk.feature_map) rescales each embedding by a
     # power of its norm; where every norm is the same it is one constant factor, which the
     # GP's prior precision absorbs, and changes no ranking.
     result['embedding_norm'] = {
-        group: _spread(np.array(norms)[mask]) for group, mask in (
+        group: value_spread(np.array(norms)[mask]) for group, mask in (
             ('known', ~labels), ('unknown', labels))}
     # Which unknown shapes the GP variance separates from the known objects, and which not.
     gp_variance, category = np.array(signals['gp_variance']), np.array(matched_category)
     result['auroc_unknown_gp_variance_per_class'] = {
-        test_unknown.category_names[int(c)]: _safe_auroc(
+        test_unknown.category_names[int(c)]: safe_auroc(
             gp_variance[~labels | (category == c)], labels[~labels | (category == c)])
         for c in np.unique(category[labels])}
     if gp.ood_threshold is not None and labels.size:
@@ -173,7 +133,7 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
     # --- known objects of the test split: misclassification and calibration
     dets = predict_split(model, test, score_threshold, max_detections, progress=progress)
     variance, entropy, probs, truth = [], [], [], []
-    for i, det_index, obj_index in _matched_objects(test, dets):
+    for i, det_index, obj_index in matched_objects(test, dets):
         known = test.labels[i][obj_index] >= 0
         if not known.any():
             continue
@@ -194,8 +154,8 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
         result['nll'] = rounded(metrics.nll(p, y))
         result['brier'] = rounded(metrics.brier(p, y))
         result['auroc_misclassification'] = {
-            'gp_variance': _safe_auroc(np.array(variance), wrong),
-            'predictive_entropy': _safe_auroc(np.array(entropy), wrong),
+            'gp_variance': safe_auroc(np.array(variance), wrong),
+            'predictive_entropy': safe_auroc(np.array(entropy), wrong),
         }
     return result
 
@@ -326,7 +286,7 @@ def evaluate(model_path: Path, gp_path: Path, data: Path, latency_runs: int = 20
     report['uncertainty'] = evaluate_uncertainty(model, gp, test, test_unknown,
                                                  progress=progress)
     if procedural_unknowns > 0:
-        from uq_eval.procedural_unknowns import evaluate_procedural_unknowns
+        from uq_eval.detector.procedural_unknowns import evaluate_procedural_unknowns
 
         report['procedural_unknowns'] = evaluate_procedural_unknowns(
             model, gp, procedural_unknowns, procedural_seed, progress=progress)
@@ -361,7 +321,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              'device-synchronised)')
     parser.add_argument('--engine', default=None,
                         help='TensorRT engine from `uq build-engine` (backend tensorrt)')
-    from uq_eval.procedural_unknowns import procedural_count_argument, procedural_seed_argument
+    from uq_eval.detector.procedural_unknowns import (
+        procedural_count_argument,
+        procedural_seed_argument,
+    )
 
     parser.add_argument('--procedural-unknowns', type=procedural_count_argument, default=0,
                         metavar='N', help='also render N scenes with one procedurally '
@@ -374,7 +337,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from uq_eval.procedural_unknowns import ood_summary
+    from uq_eval.detector.procedural_unknowns import ood_summary
     from uq_perception.backends import BackendUnavailableError
 
     try:
@@ -390,12 +353,3 @@ def _run(args: argparse.Namespace) -> int:
         print(ood_summary(report), file=sys.stderr)
     print_json_report(report, args.out)
     return 0
-
-
-def print_json_report(report: dict[str, Any], out: Path | None) -> None:
-    """Print the report as JSON on stdout and, given ``out``, write the same text there."""
-    text = json.dumps(report, indent=1)
-    print(text)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + '\n')

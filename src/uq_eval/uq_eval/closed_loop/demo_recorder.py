@@ -1,12 +1,12 @@
 """The demo's recorder: what the closed loop shows and says.
 
-Thin ROS adapter on the closed-loop harness's node (:class:`uq_eval.closed_loop.
+Thin ROS adapter on the closed-loop harness's node (:class:`uq_eval.closed_loop.loop.
 LoopObserver`): it adds subscriptions to the ground truth, the detections, the detector's
 overlay and the ask-for-help node's ``help_request``, and snapshots the loop (level,
 blend, operator speed, task) as each overlay frame arrives. The answers are read
 afterwards from the ask-for-help node's label store, where each accepted one is recorded
 with its time (:meth:`DemoRecorder.read_answers`). Scoring and drawing are in the ROS-free
-:mod:`uq_eval.demo_report`.
+:mod:`uq_eval.closed_loop.demo_report`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from rclpy.qos import (
 from sensor_msgs.msg import Image
 
 from uq_common.image_codec import image_to_rgb
-from uq_eval.demo_report import HelpEvent, LoopSnapshot, RecordedFrame, match_object
+from uq_eval.closed_loop.demo_report import HelpEvent, LoopSnapshot, RecordedFrame, match_object
 from uq_msgs.msg import DetectionArray, HelpRequest
 
 GIF_FPS = 5.0

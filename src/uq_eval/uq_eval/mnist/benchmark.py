@@ -6,7 +6,7 @@ last-layer NTK-GP (M=1 and M>1 experts) and, where laplace-torch is installed, i
 Laplace on accuracy, NLL, Brier, ECE, OOD AUROC/AUPR, misclassification AUROC and inference
 cost. Writes ``results.json``, ``results.md``,
 ``reliability.png`` and ``histograms.png`` to ``--out``. See
-:mod:`uq_eval.mnist_benchmark_pipeline` for the protocol.
+:mod:`uq_eval.mnist.pipeline` for the protocol.
 
 This module only parses arguments; torch and the pipeline are imported when the command
 runs, so ``uq --help`` stays fast.
@@ -57,16 +57,16 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from uq_eval.mnist_benchmark_pipeline import IN_DISTRIBUTION, BenchmarkConfig, run_benchmark
-    from uq_eval.mnist_benchmark_report import results_markdown, write_report
-    from uq_eval.mnist_data import (
+    from uq_eval.mnist.data import (
         OOD_SETS,
         default_data_dir,
         load_benchmark_data,
         parse_ood_argument,
         read_ood_images,
     )
-    from uq_eval.mnist_laplace import LAPLACE_INSTALL_HINT, laplace_version
+    from uq_eval.mnist.laplace import LAPLACE_INSTALL_HINT, laplace_version
+    from uq_eval.mnist.pipeline import IN_DISTRIBUTION, BenchmarkConfig, run_benchmark
+    from uq_eval.mnist.report import results_markdown, write_report
 
     torch.set_num_threads(args.threads)
     progress = not args.no_progress

@@ -63,7 +63,7 @@ def level_time(frames: list[dict]) -> dict[str, float]:
 
 
 def compute_metrics(data: Any) -> dict:
-    """The report's numbers from :class:`uq_eval.bag_eval.EvaluationData`."""
+    """The report's numbers from :class:`uq_eval.bags.evaluation.EvaluationData`."""
     frames = data.frames
     latency = np.array([f['latency_ms'] for f in frames]) if frames else np.zeros(0)
     gpv = np.array([d['gp_variance'] for d in data.detections]) if data.detections else \

@@ -7,7 +7,7 @@ so every scenario starts from the shipped model), ``ask_for_help_node``
 (answers with the ground-truth class after ``--answer-delay`` seconds) and, once those are
 up, ``sim_camera_node`` playing the scenario once (no loop). This process records
 ``detections``, ``ground_truth`` and ``help_request``; the labels are read from the label
-store afterwards (with their commit times). :mod:`uq_eval.help_metrics` scores them.
+store afterwards (with their commit times). :mod:`uq_eval.closed_loop.help_metrics` scores them.
 
 Writes ``OUT/help_eval.json`` (per scenario, pooled, targets), ``OUT/timeline.png`` (per
 object GP variance over scenario time, requests and answers marked) and ``OUT/logs/``.
@@ -29,7 +29,7 @@ from typing import Any
 
 from uq_common.arguments import domain_id, non_negative_float, positive_float
 from uq_common.spin_thread import SpinThread
-from uq_eval.help_metrics import (
+from uq_eval.closed_loop.help_metrics import (
     AnswerRecord,
     DetectionFrame,
     DetectionRecord,
@@ -271,7 +271,7 @@ def plot_timeline(runs: list[RunRecording], scores: list[dict], threshold: float
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
-    from uq_eval.help_metrics import matched_detection
+    from uq_eval.closed_loop.help_metrics import matched_detection
 
     help_threshold = _help_threshold()
     fig, axes = plt.subplots(len(runs), 1, figsize=(11, 3.6 * len(runs)), squeeze=False)

@@ -46,7 +46,7 @@ def render_procedural_split(count: int, seed: int, input_size: tuple[int, int],
 
     from uq_perception.detector_data import DetectionSplit
     from uq_sim.objects import KNOWN_CLASSES, PROCEDURAL_CLASSES, category_id
-    from uq_sim.procedural_objects import MAX_PROCEDURAL_OBJECTS, render_procedural_example
+    from uq_sim.procedural_scenes import MAX_PROCEDURAL_OBJECTS, render_procedural_example
     from uq_sim.scene import SceneRenderer
 
     if not 1 <= count <= MAX_PROCEDURAL_OBJECTS:
@@ -92,11 +92,11 @@ def evaluate_procedural_unknowns(model: CenterNetDetector, gp: LastLayerNTKGP, c
     ValueError
         As :func:`render_procedural_split`.
     """
-    from uq_eval.detector_eval import (
+    from uq_eval.detector.scoring import (
         UNCERTAINTY_SIGNALS,
-        _matched_objects,
-        _safe_auroc,
         append_uncertainty_signals,
+        matched_objects,
+        safe_auroc,
     )
     from uq_sim.objects import PROCEDURAL_CLASSES
 
@@ -108,7 +108,7 @@ def evaluate_procedural_unknowns(model: CenterNetDetector, gp: LastLayerNTKGP, c
     signals: dict[str, list[float]] = {name: [] for name in UNCERTAINTY_SIGNALS}
     is_unknown: list[bool] = []
     family: list[str] = []
-    for i, det_index, obj_index in _matched_objects(split, dets):
+    for i, det_index, obj_index in matched_objects(split, dets):
         unknown, hard = split.labels[i] < 0, split.hard(i)
         hit = np.zeros(len(hard), dtype=bool)
         hit[obj_index] = True
@@ -139,9 +139,9 @@ def evaluate_procedural_unknowns(model: CenterNetDetector, gp: LastLayerNTKGP, c
         'missed_per_family': {name: len(hits) - sum(hits) for name, hits in found.items()},
         'ood_matched_known': int((~labels).sum()),
         'ood_matched_unknown': int(labels.sum()),
-        'auroc_unknown': {name: _safe_auroc(np.array(v), labels) for name, v in signals.items()},
+        'auroc_unknown': {name: safe_auroc(np.array(v), labels) for name, v in signals.items()},
         'auroc_unknown_gp_variance_per_family': {
-            name: _safe_auroc(gp_variance[~labels | (family_array == name)],
+            name: safe_auroc(gp_variance[~labels | (family_array == name)],
                               labels[~labels | (family_array == name)])
             for name in PROCEDURAL_CLASSES},
     }
@@ -162,7 +162,7 @@ def procedural_count_argument(text: str) -> int:
     """argparse type of ``--procedural-unknowns``: an integer in 1..MAX_PROCEDURAL_OBJECTS."""
     import argparse
 
-    from uq_sim.procedural_objects import MAX_PROCEDURAL_OBJECTS
+    from uq_sim.procedural_scenes import MAX_PROCEDURAL_OBJECTS
 
     try:
         count = int(text)

@@ -3,7 +3,7 @@
 A study, not a model choice: every variant below is fitted on the training split's known
 objects (one on the validation split's), as the shipped GP is, and its GP-variance
 known-vs-unknown AUROC is reported on the fixed unknown set (``test_unknown``) and on
-procedurally generated unknown objects (``uq_eval.procedural_unknowns``). Nothing is chosen
+procedurally generated unknown objects (``uq_eval.detector.procedural_unknowns``). Nothing is chosen
 on those sets; the one free weight (of the two-layer kernel) is chosen by the log evidence.
 
 Variants, each a last-layer NTK-GP (``uq_perception.ntk.LastLayerNTKGP``, hyperparameters by
@@ -90,7 +90,7 @@ KERNELS: dict[str, Callable[[Features], np.ndarray]] = {
 
 def unknown_set(model: CenterNetDetector, split: DetectionSplit, progress: bool) -> UnknownSet:
     """Features of the detections that match not-ignored objects, at the operating point."""
-    from uq_eval.detector_eval import _matched_objects
+    from uq_eval.detector.scoring import matched_objects
     from uq_perception.detection_scoring import (
         OPERATING_MAX_DETECTIONS,
         OPERATING_THRESHOLD,
@@ -106,7 +106,7 @@ def unknown_set(model: CenterNetDetector, split: DetectionSplit, progress: bool)
         if calls else {}
     rows: dict[str, list[np.ndarray]] = {name: [] for name in ('phi', *layers)}
     labels, predicted = [], []
-    for i, det_index, obj_index in _matched_objects(split, dets):
+    for i, det_index, obj_index in matched_objects(split, dets):
         rows['phi'].append(dets[i].embeddings[det_index])
         for name, values in layers.items():
             rows[name].append(values[i, det_index])
@@ -126,7 +126,7 @@ def known_tail(variance: np.ndarray, scored: UnknownSet, share: float = 0.05
     variance, and the fraction of misclassified detections among those and among all known
     ones.
     """
-    from uq_eval.detector_eval import _safe_auroc
+    from uq_eval.detector.scoring import safe_auroc
     from uq_perception.detection_scoring import rounded
 
     known = ~scored.unknown
@@ -136,8 +136,8 @@ def known_tail(variance: np.ndarray, scored: UnknownSet, share: float = 0.05
     tail = known & (variance > cut)
     keep = ~tail
     wrong = scored.predicted != scored.labels
-    return {'auroc': _safe_auroc(variance, scored.unknown),
-            'auroc_without_tail': _safe_auroc(variance[keep], scored.unknown[keep]),
+    return {'auroc': safe_auroc(variance, scored.unknown),
+            'auroc_without_tail': safe_auroc(variance[keep], scored.unknown[keep]),
             'tail_share': share,
             'misclassified_in_tail': rounded(float(wrong[tail].mean())) if tail.any() else None,
             'misclassified_in_known': rounded(float(wrong[known].mean()))}
@@ -147,7 +147,7 @@ def run_study(model: CenterNetDetector, train: tuple[Features, np.ndarray],
               held_out: tuple[Features, np.ndarray], unknown_sets: Sequence[UnknownSet],
               seed: int = 0, log: Callable[[str], None] = print) -> list[VariantResult]:
     """Fit every variant and score it on every unknown set (module docstring)."""
-    from uq_eval.detector_eval import _safe_auroc
+    from uq_eval.detector.scoring import safe_auroc
     from uq_perception.ntk import Gating, LastLayerNTKGP, NTKGPConfig
 
     weight = model.head.weight.detach().cpu().numpy()
@@ -168,7 +168,7 @@ def run_study(model: CenterNetDetector, train: tuple[Features, np.ndarray],
               features_of: Callable[[Features], np.ndarray]) -> None:
         evidence = sum(gp.log_marginal_likelihood(e) for e in range(gp.num_experts))
         result = VariantResult(group, variant, objects, round(float(evidence), 1), {
-            s.name: _safe_auroc(gp.gp_variance(features_of(s.features)), s.unknown)
+            s.name: safe_auroc(gp.gp_variance(features_of(s.features)), s.unknown)
             for s in unknown_sets})
         results.append(result)
         log(f'{group}: {variant}: ' + ', '.join(
@@ -224,7 +224,7 @@ def study(model_path: Path, gp_path: Path, data: Path, procedural_unknowns: int,
     """Load the detector and the splits, extract the features, run :func:`run_study`."""
     import torch
 
-    from uq_eval.procedural_unknowns import render_procedural_split
+    from uq_eval.detector.procedural_unknowns import render_procedural_split
     from uq_perception.detector import load_detector
     from uq_perception.detector_data import load_split
     from uq_perception.ntk import LastLayerNTKGP
@@ -265,7 +265,10 @@ def study(model_path: Path, gp_path: Path, data: Path, procedural_unknowns: int,
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """GP variants on the detector's features, scored on unknown objects (prints JSON)."""
-    from uq_eval.procedural_unknowns import procedural_count_argument, procedural_seed_argument
+    from uq_eval.detector.procedural_unknowns import (
+        procedural_count_argument,
+        procedural_seed_argument,
+    )
 
     parser.add_argument('--data', type=Path, required=True,
                         help='dataset directory with train/, val/ and test_unknown/')
@@ -285,7 +288,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from uq_eval.detector_eval import print_json_report
+    from uq_eval.detector.scoring import print_json_report
 
     for name in ('train', 'val', 'test_unknown'):
         if not (args.data / name).is_dir():

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
                 'detections': args.detections, 'threads': args.threads,
                 'repeats': 50 if args.quick else 200, 'forward_repeats': 5 if args.quick else 20}
         print(f'uq bench gp: n={n} dim={d} experts={m} ...', file=sys.stderr, flush=True)
-        proc = subprocess.run([sys.executable, '-m', 'uq_eval.gp_benchmark',
+        proc = subprocess.run([sys.executable, '-m', 'uq_eval.benchmarks.gp',
                                json.dumps(spec)], stdout=subprocess.PIPE, text=True,
                               check=False)
         if proc.returncode != 0:

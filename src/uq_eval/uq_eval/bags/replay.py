@@ -82,7 +82,7 @@ class Recorder:
         from rclpy.qos import QoSProfile, ReliabilityPolicy
         from rosbags.rosbag2 import StoragePlugin, Writer
 
-        from uq_eval.bag_types import uq_typestore
+        from uq_eval.bags.types import uq_typestore
 
         typestore = uq_typestore()
         self._lock = threading.Lock()
@@ -119,7 +119,7 @@ def play(bag: Path, rate: float = 1.0, start_offset: float = 0.0, clock: bool = 
 
     Raises
     ------
-    uq_eval.bag_reader.BagError
+    uq_eval.bags.reader.BagError
         When the bag cannot be read.
     ValueError
         On a non-positive rate or a negative offset.
@@ -131,7 +131,7 @@ def play(bag: Path, rate: float = 1.0, start_offset: float = 0.0, clock: bool = 
     from rosgraph_msgs.msg import Clock
 
     from uq_common.spin_thread import SpinThread
-    from uq_eval.bag_reader import IMAGE_TYPES, BagStream
+    from uq_eval.bags.reader import IMAGE_TYPES, BagStream
 
     if not rate > 0.0:
         raise ValueError(f'rate must be > 0, got {rate}')
@@ -209,7 +209,7 @@ def play(bag: Path, rate: float = 1.0, start_offset: float = 0.0, clock: bool = 
 
 def run(args: argparse.Namespace) -> int:
     """Play (and record); exit 2 on an unreadable bag or bad options."""
-    from uq_eval.bag_reader import BagError
+    from uq_eval.bags.reader import BagError
 
     try:
         result = play(args.bag, args.rate, args.start_offset, args.clock, args.topics,

@@ -58,7 +58,7 @@ def _peak_rss_mib(bag: Path, repeat: int) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """Evaluate ``args.bag`` and write the report; see the module docstring for exit codes."""
-    from uq_eval.bag_eval import (
+    from uq_eval.bags.evaluation import (
         BENCH_MIN_FRAMES,
         BENCH_ROUNDS,
         BagEvaluator,
@@ -66,12 +66,12 @@ def run(args: argparse.Namespace) -> int:
         load_shipped_perception,
         run_evaluation,
     )
-    from uq_eval.bag_ground_truth import (
+    from uq_eval.bags.ground_truth import (
         GroundTruthError,
         is_ground_truth_file,
         load_coco_ground_truth,
     )
-    from uq_eval.bag_reader import BagError, BagStream
+    from uq_eval.bags.reader import BagError, BagStream
 
     ground_truth = None
     truth_topic = args.ground_truth
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
               + (f' ({"; ".join(data.problems)})' if data.problems else ''), file=sys.stderr)
         return 2
     if not args.no_report:
-        from uq_eval.bag_report import compute_metrics, write_plots, write_report
+        from uq_eval.bags.report import compute_metrics, write_plots, write_report
 
         metrics = compute_metrics(data)
         plots = write_plots(data, out_dir)

@@ -20,7 +20,7 @@ files in the bag directory that ``metadata.yaml`` does not list.
 
 Messages are built as rclpy messages and serialised by rclpy, so the bytes are those a
 running node puts on the wire; `rosbags` writes them with the ``uq_msgs`` definitions
-embedded (:mod:`uq_eval.bag_types`).
+embedded (:mod:`uq_eval.bags.types`).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def record_scenario(out: Path, scenario_name: str, storage: str = 'mcap',
     from tqdm import tqdm
 
     from uq_common.image_codec import rgb_to_image_fields
-    from uq_eval.bag_types import uq_typestore
+    from uq_eval.bags.types import uq_typestore
     from uq_sim.scenario import get_scenario
     from uq_sim.scene import SceneRenderer
     from uq_sim.sim_camera_node import camera_info_message, ground_truth_message
