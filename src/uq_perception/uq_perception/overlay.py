@@ -7,6 +7,13 @@ flagged out-of-distribution are drawn with a thicker box and an "OOD" tag. A tra
 band around each box spans its edges moved in and out by one standard deviation (from the
 box coordinates' ``box_std``): a wide band is a box whose extent the robot is unsure of.
 
+Labels are meant to be read on any camera size: the font is sized for the image
+(:func:`label_style`), each label is drawn once, on an opaque box of its uncertainty colour,
+and :func:`layout_labels` places them so that they stay inside the image, never cover one
+another or the corner note, and keep off the detection boxes where there is room (so the
+boxes, and what a viewer draws around them, stay visible). The most uncertain detections
+are placed first; a label that finds no free place is left out and counted in the note.
+
 Drawing never raises on what a frame holds: a detection with a non-finite, negative or
 absurdly large box, a non-finite or negative variance, non-finite probabilities or a class
 index outside ``class_names`` is skipped, and so are those past :data:`MAX_DRAWN`; the
@@ -17,6 +24,7 @@ number skipped is written in the image's bottom-left corner. A non-finite or neg
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import cv2
 import numpy as np
@@ -33,6 +41,83 @@ MAX_DRAWN = 256
 MAX_COORDINATE = 1e5
 #: Class names are cut to this many characters so a label cannot cover the image.
 MAX_NAME_CHARS = 32
+#: Label text height as a fraction of the image's shorter side: 9 px on a 320x240 image,
+#: 40 px on 1920x1080, about the same share of a screen whatever the camera.
+TEXT_HEIGHT_FRACTION = 1 / 27
+#: Smallest label text height in pixels: Hershey glyphs lower than this cannot be read.
+MIN_TEXT_HEIGHT = 8
+#: Most labels per frame: placing each costs a search among the others.
+MAX_LABELS = 64
+FONT = cv2.FONT_HERSHEY_SIMPLEX
+#: The corner note's colours: white on black, unlike any uncertainty colour.
+NOTE_COLOURS = ((0, 0, 0), (255, 255, 255))
+
+Rect = tuple[int, int, int, int]
+"""``(x0, y0, x1, y1)`` pixel bounds, ``x1``/``y1`` exclusive."""
+
+
+@dataclass(frozen=True)
+class LabelStyle:
+    """Font metrics of the labels for one image size (:func:`label_style`)."""
+
+    scale: float
+    thickness: int
+    padding: int
+    margin: int
+
+
+@dataclass(frozen=True)
+class Label:
+    """One text drawn once, on an opaque box, at a fixed place.
+
+    Attributes
+    ----------
+    text
+        What is written (printable ASCII).
+    origin
+        ``(x, y)`` of the text's baseline start, as ``cv2.putText`` takes it.
+    rect
+        The background box: it holds every pixel of the text, inside the image.
+    background, foreground
+        RGB colours of the box and of the text.
+    detection
+        Index of the detection it describes; -1 for the corner note.
+    """
+
+    text: str
+    origin: tuple[int, int]
+    rect: Rect
+    background: tuple[int, int, int]
+    foreground: tuple[int, int, int]
+    detection: int
+
+
+@dataclass(frozen=True)
+class OverlayLayout:
+    """Where everything of one overlay goes (:func:`layout_labels`).
+
+    Attributes
+    ----------
+    labels
+        The detection labels placed, the most uncertain first.
+    note
+        The corner note (detections skipped, labels without room), or None.
+    skipped
+        Detections not drawn at all (invalid, or past :data:`MAX_DRAWN`).
+    unlabelled
+        Detections drawn without their label, for want of a free place.
+    drawn
+        Indices of the detections drawn.
+    style
+        The font metrics used.
+    """
+
+    labels: tuple[Label, ...]
+    note: Label | None
+    skipped: int
+    unlabelled: int
+    drawn: tuple[int, ...]
+    style: LabelStyle
 
 
 def uncertainty_colour(gp_variance: float, ood_threshold: float | None) -> tuple[int, int, int]:
@@ -80,6 +165,186 @@ def _shown_name(name: object) -> str:
     return text if len(text) <= MAX_NAME_CHARS else text[:MAX_NAME_CHARS - 3] + '...'
 
 
+def label_style(height: int, width: int) -> LabelStyle:
+    """Font metrics that make labels the same share of any image (module docstring)."""
+    text_height = max(MIN_TEXT_HEIGHT, round(min(height, width) * TEXT_HEIGHT_FRACTION))
+    thickness = max(1, round(text_height / 14))
+    scale = cv2.getFontScaleFromHeight(FONT, text_height, thickness)
+    padding = max(1, round(text_height / 5))
+    return LabelStyle(scale=scale, thickness=thickness, padding=padding,
+                      margin=max(2, round(text_height / 4)))
+
+
+def text_colour(background: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Black or white, whichever reads better on ``background`` (Rec. 709 luma)."""
+    luma = 0.2126 * background[0] + 0.7152 * background[1] + 0.0722 * background[2]
+    return (0, 0, 0) if luma >= 110 else (255, 255, 255)
+
+
+def _label_size(text: str, style: LabelStyle) -> tuple[int, int, int]:
+    """Width, height above the baseline and depth below it of ``text``'s background box.
+
+    OpenCV's metrics leave out half the stroke on every side; the padding is added to that.
+    """
+    (w, h), baseline = cv2.getTextSize(text, FONT, style.scale, style.thickness)
+    stroke = style.thickness // 2 + 1
+    pad = style.padding + stroke
+    return w + 2 * pad, h + pad, baseline + pad
+
+
+def _box_rect(box: np.ndarray) -> Rect:
+    cx, cy, w, h = (float(v) for v in box)
+    return (int(round(cx - w / 2)), int(round(cy - h / 2)),
+            int(round(cx + w / 2)) + 1, int(round(cy + h / 2)) + 1)
+
+
+def _hits(rect: Rect, others: np.ndarray) -> np.ndarray:
+    """Per row of ``others`` (``(N, 4)`` rectangles), whether it intersects ``rect``."""
+    return ((others[:, 0] < rect[2]) & (rect[0] < others[:, 2])
+            & (others[:, 1] < rect[3]) & (rect[1] < others[:, 3]))
+
+
+def _candidates(box: Rect, size: tuple[int, int], margin: int) -> list[tuple[int, int]]:
+    """Top-left corners to try for a label of ``size`` next to ``box``, best first:
+    above, below, then beside it, each aligned with either edge; inside the box last."""
+    (x0, y0, x1, y1), (w, h) = box, size
+    above, below = y0 - margin - h, y1 + margin
+    left, right = x0 - margin - w, x1 + margin
+    return [(x0, above), (x1 - w, above), (x0, below), (x1 - w, below),
+            (right, y0), (left, y0), (right, y1 - h), (left, y1 - h),
+            (x0 + margin, y0 + margin)]
+
+
+def _place(size: tuple[int, int], candidates: list[tuple[int, int]], image: tuple[int, int],
+           taken: list[Rect], boxes: np.ndarray) -> Rect | None:
+    """The first candidate, moved inside the image, that covers no ``taken`` rectangle;
+    one that also keeps off ``boxes`` is preferred. None when no candidate is free."""
+    (w, h), (height, width) = size, image
+    if w > width or h > height:
+        return None
+    occupied = np.asarray(taken, dtype=np.int64).reshape(-1, 4)
+    fallback = None
+    for x, y in candidates:
+        x, y = min(max(x, 0), width - w), min(max(y, 0), height - h)
+        rect = (x, y, x + w, y + h)
+        if _hits(rect, occupied).any():
+            continue
+        if not _hits(rect, boxes).any():
+            return rect
+        fallback = fallback or rect
+    return fallback
+
+
+def _note_text(skipped: int, unlabelled: int) -> str:
+    parts = []
+    if skipped:
+        parts.append(f'{skipped} detection(s) not drawn')
+    if unlabelled:
+        parts.append(f'{unlabelled} label(s) left out')
+    return ', '.join(parts)
+
+
+def _label_text(frame: FrameResult, i: int) -> str:
+    unc = frame.uncertainty
+    cls = int(np.argmax(unc.probabilities[i]))
+    ood = 'OOD ' if bool(unc.out_of_distribution[i]) else ''
+    return (f'{ood}{_shown_name(frame.class_names[cls])} {unc.probabilities[i, cls]:.2f} '
+            f's={math.sqrt(float(unc.gp_variance[i])):.2f}')
+
+
+def _make_label(text: str, x: int, bottom: int, style: LabelStyle, width: int,
+                background: tuple[int, int, int], detection: int) -> Label:
+    """The label of ``text`` whose box starts at ``x`` and ends at row ``bottom``."""
+    w, above, below = _label_size(text, style)
+    rect = (x, bottom - above - below, min(x + w, width), bottom)
+    inset = style.padding + style.thickness // 2 + 1
+    return Label(text, (x + inset, bottom - below), rect, background, text_colour(background),
+                 detection)
+
+
+def _place_labels(frame: FrameResult, drawn: np.ndarray, order: list[int],
+                  texts: dict[int, str], style: LabelStyle, image: tuple[int, int],
+                  reserved: list[Rect]) -> dict[int, Rect]:
+    """Greedy placement in ``order`` (see :func:`layout_labels`)."""
+    boxes = np.array([_box_rect(frame.detections.boxes[i]) for i in drawn],
+                     dtype=np.int64).reshape(-1, 4)
+    boxes[:, :2] -= style.margin
+    boxes[:, 2:] += style.margin
+    placed: dict[int, Rect] = {}
+    for k in order[:MAX_LABELS]:
+        w, above, below = _label_size(texts[k], style)
+        size = (w, above + below)
+        rect = _place(size, _candidates(_box_rect(frame.detections.boxes[drawn[k]]), size,
+                                        style.margin),
+                      image, list(placed.values()) + reserved, boxes)
+        if rect is not None:
+            placed[k] = rect
+    return placed
+
+
+def layout_labels(image_shape: tuple[int, ...], frame: FrameResult,
+                  ood_threshold: float | None) -> OverlayLayout:
+    """Decide what the overlay of ``frame`` on an image of ``image_shape`` draws, and where.
+
+    Parameters
+    ----------
+    image_shape
+        ``(height, width, ...)`` of the image drawn on.
+    frame
+        The detections and their uncertainty.
+    ood_threshold
+        GP variance at which the colour reaches red (:func:`uncertainty_colour`).
+
+    Returns
+    -------
+    OverlayLayout
+        Labels whose boxes lie inside the image and intersect neither each other nor the
+        corner note; each keeps off every detection box (grown by a margin) where a free
+        place exists. At most :data:`MAX_LABELS` detections get a label.
+    """
+    height, width = int(image_shape[0]), int(image_shape[1])
+    style = label_style(height, width)
+    invalid = _invalid_detections(frame)
+    valid = np.flatnonzero(~invalid)
+    drawn = valid[:MAX_DRAWN]
+    skipped = int(invalid.sum()) + max(len(valid) - MAX_DRAWN, 0)
+    unc = frame.uncertainty
+    # The most uncertain objects are what the operator must read: they choose first.
+    order = sorted(range(len(drawn)), key=lambda k: (
+        not bool(unc.out_of_distribution[drawn[k]]), -float(unc.gp_variance[drawn[k]]), k))
+    texts = {k: _label_text(frame, int(drawn[k])) for k in order}
+    placed = _place_labels(frame, drawn, order, texts, style, (height, width), [])
+    if skipped or len(placed) < len(drawn):
+        # A note is needed: keep its corner free, sized for the longest text it can have,
+        # and place the labels again around it.
+        longest = _make_label(_note_text(skipped, len(drawn)), 0, height, style, width,
+                              NOTE_COLOURS[0], -1)
+        placed = _place_labels(frame, drawn, order, texts, style, (height, width),
+                               [longest.rect])
+    unlabelled = len(drawn) - len(placed)
+    note_text = _note_text(skipped, unlabelled)
+    note = (_make_label(note_text, 0, height, style, width, NOTE_COLOURS[0], -1)
+            if note_text else None)
+    labels = []
+    for k in order:
+        if k in placed:
+            i = int(drawn[k])
+            x0, _, _, y1 = placed[k]
+            labels.append(_make_label(texts[k], x0, y1, style, width, uncertainty_colour(
+                float(unc.gp_variance[i]), ood_threshold), i))
+    return OverlayLayout(tuple(labels), note, skipped, unlabelled,
+                         tuple(int(i) for i in drawn), style)
+
+
+def draw_label(canvas: np.ndarray, label: Label, style: LabelStyle) -> None:
+    """Fill ``label``'s box and write its text once, clipped to the box."""
+    x0, y0, x1, y1 = label.rect
+    region = canvas[y0:y1, x0:x1]
+    region[:] = label.background
+    cv2.putText(region, label.text, (label.origin[0] - x0, label.origin[1] - y0), FONT,
+                style.scale, label.foreground, style.thickness, cv2.LINE_AA)
+
+
 def render_overlay(image_rgb: np.ndarray, frame: FrameResult,
                    ood_threshold: float | None) -> tuple[np.ndarray, int]:
     """:func:`draw_overlay`, also returning how many detections were skipped.
@@ -90,34 +355,22 @@ def render_overlay(image_rgb: np.ndarray, frame: FrameResult,
     canvas = np.ascontiguousarray(image_rgb.copy())
     if canvas.ndim != 3 or canvas.shape[2] != 3 or canvas.dtype != np.uint8 or canvas.size == 0:
         return canvas, len(frame.detections.boxes)
-    invalid = _invalid_detections(frame)
-    drawable = np.flatnonzero(~invalid)
-    skipped = int(invalid.sum()) + max(len(drawable) - MAX_DRAWN, 0)
+    layout = layout_labels(canvas.shape, frame, ood_threshold)
     unc = frame.uncertainty
-    for i in drawable[:MAX_DRAWN]:
-        cx, cy, w, h = (float(v) for v in frame.detections.boxes[i])
-        top_left = (int(round(cx - w / 2)), int(round(cy - h / 2)))
-        bottom_right = (int(round(cx + w / 2)), int(round(cy + h / 2)))
+    line = layout.style.thickness
+    for i in layout.drawn:
+        box = frame.detections.boxes[i]
+        x0, y0, x1, y1 = _box_rect(box)
         ood = bool(unc.out_of_distribution[i])
         colour = uncertainty_colour(float(unc.gp_variance[i]), ood_threshold)
-        draw_box_band(canvas, frame.detections.boxes[i], frame.box_std[i], colour)
-        cv2.rectangle(canvas, top_left, bottom_right, colour, 3 if ood else 1)
-        cls = int(np.argmax(unc.probabilities[i]))
-        label = (f'{"OOD " if ood else ""}{_shown_name(frame.class_names[cls])} '
-                 f'{unc.probabilities[i, cls]:.2f} s={np.sqrt(unc.gp_variance[i]):.2f}')
-        text_origin = (top_left[0], max(top_left[1] - 3, 9))
-        cv2.putText(canvas, label, text_origin, cv2.FONT_HERSHEY_PLAIN, 0.8, (0, 0, 0), 2,
-                    cv2.LINE_AA)
-        cv2.putText(canvas, label, text_origin, cv2.FONT_HERSHEY_PLAIN, 0.8, colour, 1,
-                    cv2.LINE_AA)
-    if skipped:
-        note_origin = (3, canvas.shape[0] - 4)
-        note = f'{skipped} detection(s) not drawn'
-        cv2.putText(canvas, note, note_origin, cv2.FONT_HERSHEY_PLAIN, 0.8, (0, 0, 0), 2,
-                    cv2.LINE_AA)
-        cv2.putText(canvas, note, note_origin, cv2.FONT_HERSHEY_PLAIN, 0.8, (255, 255, 255), 1,
-                    cv2.LINE_AA)
-    return canvas, skipped
+        draw_box_band(canvas, box, frame.box_std[i], colour)
+        cv2.rectangle(canvas, (x0, y0), (x1 - 1, y1 - 1), colour, 3 * line if ood else line)
+    # Labels last, so no box or band is drawn over them.
+    for label in layout.labels:
+        draw_label(canvas, label, layout.style)
+    if layout.note is not None:
+        draw_label(canvas, layout.note, layout.style)
+    return canvas, layout.skipped
 
 
 def draw_box_band(canvas: np.ndarray, box: np.ndarray, std: np.ndarray,
