@@ -152,9 +152,13 @@ def test_edited_metadata_of_a_checksummed_state_is_refused(tmp_path):
         LastLayerNTKGP.load(tmp_path / 'gp.npz')
 
 
-def test_a_state_saved_now_round_trips_and_the_shipped_one_has_no_metadata_checksum(tmp_path):
-    meta, _ = read_state(GP)
-    assert 'meta_digest' not in meta  # written before it existed, and it still loads
+def test_a_state_saved_now_round_trips_and_an_older_one_still_loads(tmp_path):
+    # As written before the metadata checksum and the score reference existed.
+    meta, arrays = read_state(GP)
+    del meta['meta_digest'], meta['score_reference']
+    np.savez(tmp_path / 'old.npz', meta=np.array(json.dumps(meta)), **arrays)
+    old = LastLayerNTKGP.load(tmp_path / 'old.npz')
+    assert old.score_reference is None and old.predict(np.zeros((1, 64))).calibrated_score is None
     shipped = LastLayerNTKGP.load(GP)
     shipped.save(tmp_path / 'gp.npz')
     again = LastLayerNTKGP.load(tmp_path / 'gp.npz')

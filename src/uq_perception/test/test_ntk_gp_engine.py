@@ -409,16 +409,34 @@ def test_entropy_decomposition_invariants(classes, rows, logit_scale, variance_s
 
 
 @pytest.mark.parametrize('temperature', [1.0, 1.7])
-def test_zero_probit_lambda_shortcut_matches_the_sampled_decomposition(temperature):
-    # lambda = 0 skips the draws; a lambda too small to move any draw must agree with it.
+def test_entropy_decomposition_is_the_gp_posterior_whatever_the_probit_factor(temperature):
+    # lambda shapes the probabilities only; the entropies are of f ~ N(mu, sigma^2), and
+    # for small sigma the mutual information is sigma^2 (1 - sum p^2) / (2 T^2).
     rng = np.random.default_rng(5)
-    mean, variance = 4 * rng.standard_normal((7, 5)), rng.random((7, 1))
+    mean, variance = 4 * rng.standard_normal((7, 5)), 1e-4 * (1 + rng.random((7, 1)))
     draws = antithetic_normal_draws(32, 5, seed=0)
-    exact = summarise_gaussian_logits(mean, variance, draws, 0.0, temperature)
-    sampled = summarise_gaussian_logits(mean, variance, draws, 1e-30, temperature)
-    for a, b in zip(exact, sampled, strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-12)
-    assert not exact[3].any()
+    outputs = [summarise_gaussian_logits(mean, variance, draws, lam, temperature)
+               for lam in (0.0, math.pi / 8, 3.0)]
+    for other in outputs[1:]:
+        for a, b in zip(outputs[0][1:], other[1:], strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert not np.allclose(outputs[0][0], outputs[2][0])
+    mutual = outputs[0][3]
+    p = np.exp(mean / temperature)
+    p /= p.sum(1, keepdims=True)
+    second_order = variance[:, 0] * (1 - (p * p).sum(1)) / (2 * temperature ** 2)
+    assert (mutual > 0).all()
+    # Whitened draws make the estimate exact to second order (rescaled ones: 30 % off).
+    np.testing.assert_allclose(mutual, second_order, rtol=1e-2)
+
+
+def test_draws_have_zero_mean_and_matched_second_moments():
+    whitened = antithetic_normal_draws(32, 6, seed=3)
+    np.testing.assert_allclose(whitened.mean(0), 0.0, atol=1e-15)
+    np.testing.assert_allclose(whitened.T @ whitened / 32, np.eye(6), atol=1e-12)
+    rescaled = antithetic_normal_draws(8, 6, seed=3)  # fewer pairs than dimensions
+    np.testing.assert_allclose(rescaled.mean(0), 0.0, atol=1e-15)
+    np.testing.assert_allclose((rescaled * rescaled).mean(0), 1.0)
 
 
 def test_flipped_bit_in_saved_state_is_detected(tmp_path):

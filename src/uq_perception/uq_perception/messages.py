@@ -16,6 +16,7 @@ from std_msgs.msg import ColorRGBA, Header
 from visualization_msgs.msg import Marker, MarkerArray
 
 from uq_msgs.msg import Detection, DetectionArray
+from uq_perception.ntk.calibrated_score import NO_CALIBRATED_SCORE
 from uq_perception.overlay import uncertainty_colour
 from uq_perception.perception import FrameResult
 
@@ -23,15 +24,18 @@ from uq_perception.perception import FrameResult
 def _uncertainty_rows(frame: FrameResult) -> list[dict]:
     """Per detection, the ``Uncertainty`` fields as plain Python values."""
     unc = frame.uncertainty
+    score = unc.calibrated_score if unc.calibrated_score is not None \
+        else np.full(len(unc.gp_variance), NO_CALIBRATED_SCORE)
     # Arrays are converted whole, in as few NumPy calls as possible: in the node this runs
     # right after the forward pass, when each call is several times slower than in a loop.
     scalars = np.column_stack([unc.gp_variance, unc.predictive_entropy, unc.expected_entropy,
-                               unc.mutual_information, unc.probabilities.max(axis=1)])
+                               unc.mutual_information, unc.probabilities.max(axis=1), score])
     return [{'gp_variance': variance, 'predictive_entropy': total, 'expected_entropy': expected,
              'mutual_information': mutual, 'max_probability': top,
              'class_variance': array.array('f', row.tobytes()),
-             'out_of_distribution': bool(ood), 'expert_id': int(expert)}
-            for (variance, total, expected, mutual, top), row, ood, expert in zip(
+             'out_of_distribution': bool(ood), 'expert_id': int(expert),
+             'calibrated_score': calibrated}
+            for (variance, total, expected, mutual, top, calibrated), row, ood, expert in zip(
                 scalars.tolist(), unc.class_variance.astype(np.float32),
                 unc.out_of_distribution.tolist(), unc.expert_id.tolist(), strict=True)]
 
@@ -46,8 +50,11 @@ def detection_array_message(frame: FrameResult, header: Header, backend: str,
     """A ``DetectionArray`` for ``frame``; ``header`` is the source image's header.
 
     The frame-level ``uncertainty`` is that of the most uncertain detection (largest GP
-    variance), the one a cautious consumer should act on; zeros when nothing is detected.
-    With ``embeddings`` each detection carries its feature vector (for online teaching).
+    variance), the one a cautious consumer should act on; zeros when nothing is detected
+    (its ``calibrated_score`` -1 when the model has no score reference). The model's range,
+    ``reference_variance_max`` and ``ood_threshold``, comes from ``frame`` (-1 where the
+    model has none). With ``embeddings`` each detection carries its feature vector (for
+    online teaching).
     """
     return _fill_detection_array(DetectionArray(), [Detection() for _ in range(len(frame))],
                                  frame, header, backend, model_id, embeddings)
@@ -78,6 +85,13 @@ class DetectionArrayBuilder:
 _NO_UNCERTAINTY = {'gp_variance': 0.0, 'predictive_entropy': 0.0, 'expected_entropy': 0.0,
                    'mutual_information': 0.0, 'max_probability': 0.0,
                    'out_of_distribution': False, 'expert_id': -1}
+# The message value of a figure the model lacks (a GP artefact without score reference or
+# OOD threshold): -1, outside the range of every such field (uq_msgs/DetectionArray).
+_ABSENT = -1.0
+
+
+def _message_value(value: float | None) -> float:
+    return _ABSENT if value is None else float(value)
 
 
 def _fill_detection_array(out: DetectionArray, detections: list[Detection],
@@ -88,6 +102,8 @@ def _fill_detection_array(out: DetectionArray, detections: list[Detection],
     out.class_names = list(frame.class_names)
     out.inference_time_ms = float(frame.inference_ms)
     out.backend, out.model_id = backend, model_id
+    out.reference_variance_max = _message_value(frame.reference_variance_max)
+    out.ood_threshold = _message_value(frame.ood_threshold)
     uncertainties = _uncertainty_rows(frame)
     probabilities = frame.uncertainty.probabilities
     classes = probabilities.argmax(axis=1).tolist()
@@ -115,6 +131,8 @@ def _fill_detection_array(out: DetectionArray, detections: list[Detection],
     if worst is None:
         _set_fields(out.uncertainty, _NO_UNCERTAINTY)
         out.uncertainty.class_variance = array.array('f')
+        out.uncertainty.calibrated_score = \
+            NO_CALIBRATED_SCORE if frame.reference_variance_max is None else 0.0
     else:
         _set_fields(out.uncertainty, uncertainties[worst])
     return out

@@ -43,6 +43,12 @@ class FrameResult:
         ``(K, 4)`` float32 standard deviation of ``center_x, center_y, width, height`` in
         pixels (``uq_perception.box_uncertainty``); zeros when the GP state has no box
         calibration.
+    reference_variance_max
+        The model's range of raw GP variance: the largest variance of the known validation
+        objects behind ``uncertainty.calibrated_score``; ``None`` without a score reference.
+    ood_threshold
+        The GP variance above which a detection is flagged out of distribution; ``None``
+        when the GP has none.
     """
 
     detections: Detections
@@ -52,6 +58,8 @@ class FrameResult:
     inference_ms: float
     forward_ms: float
     box_std: np.ndarray
+    reference_variance_max: float | None = None
+    ood_threshold: float | None = None
 
     def __len__(self) -> int:
         return len(self.detections)
@@ -106,6 +114,8 @@ class UncertaintyPerception:
             track_ids = self.tracker.update(detections.boxes)
         else:
             track_ids = np.full(len(detections), -1, dtype=np.int64)
+        reference = self.gp.score_reference
         return FrameResult(detections, uncertainty, track_ids, list(self.gp.class_names),
                            (time.perf_counter() - start) * 1e3, (forward_end - start) * 1e3,
-                           stds)
+                           stds, None if reference is None else reference.maximum,
+                           self.gp.ood_threshold)

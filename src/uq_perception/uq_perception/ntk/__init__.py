@@ -7,12 +7,14 @@ The public API lives here; the modules split it by concern:
 - :mod:`.linalg`: guarded SPD inverses and input checks;
 - :mod:`.gating`: k-means partition of feature space into experts;
 - :mod:`.predictive`: probit probabilities, entropy decomposition, torch query;
+- :mod:`.calibrated_score`: the model-independent score of a GP variance;
 - :mod:`.model`: :class:`LastLayerNTKGP`, the weight-space form (the fast path);
 - :mod:`.function_space`: :class:`FunctionSpaceNTKGP`, the Jacobian (function-space) form;
 - :mod:`.feature_map`: norm-aware feature maps, chosen by the evidence;
 - :mod:`.persistence`: checksummed, atomic state files.
 """
 
+from uq_perception.ntk.calibrated_score import NO_CALIBRATED_SCORE, ScoreReference
 from uq_perception.ntk.config import Gating, NTKGPConfig, UncertaintyOutput
 from uq_perception.ntk.evidence import (
     SpectralEvidence,
@@ -34,8 +36,8 @@ from uq_perception.ntk.predictive import (
 )
 
 __all__ = [
-    'FunctionSpaceNTKGP', 'Gating', 'LastLayerNTKGP', 'MapCandidate', 'NTKGPConfig',
-    'NormFeatureMap', 'ParameterSubset', 'select_feature_map',
+    'FunctionSpaceNTKGP', 'Gating', 'LastLayerNTKGP', 'MapCandidate', 'NO_CALIBRATED_SCORE',
+    'NTKGPConfig', 'NormFeatureMap', 'ParameterSubset', 'ScoreReference', 'select_feature_map',
     'SpectralEvidence', 'UncertaintyOutput', 'antithetic_normal_draws', 'arrays_digest',
     'centred_basis', 'fit_expert_hyperparameters', 'fit_marginal_likelihood',
     'fit_shared_noise', 'gp_variance_torch', 'kmeans', 'log_marginal_likelihood',

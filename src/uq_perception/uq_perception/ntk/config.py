@@ -48,7 +48,9 @@ class NTKGPConfig:
         Hard gating mode.
     probit_lambda : float
         ``lambda`` in ``p = softmax(mu / sqrt(T^2 + lambda sigma^2))``; ``pi/8`` is the
-        probit approximation with the GP variance taken as logit variance.
+        probit approximation with the GP variance taken as logit variance. It shapes the
+        class probabilities only: the entropy decomposition (mutual information) is of
+        the GP posterior ``N(mu, sigma^2)`` itself.
     ood_quantile : float
         In-distribution quantile of the GP variance used by ``calibrate_ood``.
     seed : int
@@ -132,7 +134,12 @@ def check_real(name: str, value: object, minimum: float | None = None, *,
 
 @dataclass(frozen=True)
 class UncertaintyOutput:
-    """Per-input predictive summary; every field has one row per input."""
+    """Per-input predictive summary; every field has one row per input.
+
+    ``calibrated_score`` is ``None`` when the GP holds no score reference
+    (:mod:`uq_perception.ntk.calibrated_score`); messages then carry
+    :data:`~uq_perception.ntk.calibrated_score.NO_CALIBRATED_SCORE`.
+    """
 
     logits: np.ndarray
     gp_variance: np.ndarray
@@ -143,3 +150,4 @@ class UncertaintyOutput:
     mutual_information: np.ndarray
     out_of_distribution: np.ndarray
     expert_id: np.ndarray
+    calibrated_score: np.ndarray | None = None

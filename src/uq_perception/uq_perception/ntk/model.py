@@ -54,9 +54,10 @@ regressing one-hot labels is the standard NTK/NNGP treatment of classification; 
 network's own logits cannot serve as targets because they are exactly linear in ``phi~``
 (zero residual would drive ``sigma^2`` to 0). Centring removes the constant ``1/C`` that
 the bias would otherwise have to absorb. The predictive covariance depends on the targets
-only through these two scalars, so the GP variance is in the units of the targets; the
-probit factor ``lambda`` converts it to logit scale (``lambda = pi/8`` takes it as is) and
-:meth:`LastLayerNTKGP.calibrate_probabilities` fits it on validation data. The evidence is
+only through these two scalars, so the GP variance is in the units of the targets. The
+outputs take it as the variance of the logits; for the class probabilities the probit
+factor ``lambda`` rescales it (``lambda = pi/8`` takes it as is), fitted on validation data
+by :meth:`LastLayerNTKGP.calibrate_probabilities` (Outputs, below). The evidence is
 maximised with MacKay's fixed-point updates in the eigenbasis of the Gram matrix
 (:func:`fit_marginal_likelihood`), from sufficient statistics only, so fits stream.
 
@@ -77,16 +78,26 @@ experts (with the shared ``sigma^2``).
 
 Outputs
 -------
-With logit distribution ``f ~ N(mu, v I)``, ``v = (8 lambda / pi) sigma^2`` and temperature
-``T`` (``1`` unless calibrated), the class probabilities are the probit (mean-field)
-approximation of ``E[softmax(f / T)]``
+The GP posterior of the logits is ``f ~ N(mu, sigma^2 I)``: the network's logits as mean,
+the GP variance as the variance of every logit. With temperature ``T`` (``1`` unless
+calibrated) the class probabilities are the probit (mean-field) approximation of
+``E[softmax(f / T)]`` with a calibrated variance factor ``lambda``
 
     p = softmax(mu / sqrt(T^2 + lambda sigma^2)),
 
-and the entropy decomposition uses a fixed set of antithetic, moment-matched standard
-normal draws (seeded by the config, hence deterministic): total ``H[mean_s softmax(f_s/T)]``,
-aleatoric ``mean_s H[softmax(f_s/T)]``, epistemic = their difference (mutual information,
-non-negative by concavity of the entropy for any set of draws).
+where ``lambda = pi/8`` takes the GP variance as it is and the fit on validation NLL
+(:meth:`LastLayerNTKGP.calibrate_probabilities`) may shrink it, to 0 when the variance
+does not improve the probabilities of known objects. ``lambda`` shapes these probabilities
+only. The entropy decomposition is of the GP posterior itself, independent of ``lambda``:
+with a fixed set of antithetic, moment-matched standard normal draws ``eps_s`` (seeded by
+the config, hence deterministic), ``f_s = mu + sigma eps_s``, total
+``H[mean_s softmax(f_s/T)]``, aleatoric ``mean_s H[softmax(f_s/T)]``, epistemic = their
+difference (mutual information, non-negative by concavity of the entropy for any set of
+draws; for small ``sigma`` it is ``sigma^2 (1 - sum_c p_c^2) / (2 T^2)``, the GP variance
+weighted by how undecided the classes are).
+
+The calibrated score (:mod:`uq_perception.ntk.calibrated_score`) places the GP variance
+among known validation objects' when the state holds a reference (:meth:`calibrate_score`).
 """
 
 
@@ -107,6 +118,7 @@ import numpy as np
 import torch
 
 from uq_perception.ntk.box_calibration import BoxCalibration
+from uq_perception.ntk.calibrated_score import DEFAULT_REFERENCE_LEVELS, ScoreReference
 from uq_perception.ntk.config import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -194,6 +206,9 @@ class LastLayerNTKGP:
         # Variance of a box head's outputs from the shared kernel term (box_calibration.py);
         # None (states written before it existed) means box uncertainty is not estimated.
         self.box_calibration: BoxCalibration | None = None
+        # Validation variances behind the calibrated score (calibrated_score.py); None (states
+        # written before it existed) means no score.
+        self.score_reference: ScoreReference | None = None
         # Identifiers of the labels applied by update(), persisted with the state, so that a
         # label delivered twice (a retry after a lost answer) is applied once.
         self.applied_updates: list[str] = []
@@ -329,8 +344,10 @@ class LastLayerNTKGP:
                 raise
             self._updates[:] = 0
             self._fitted = True
-            # The box calibration scales this posterior's variances; a new one voids it.
+            # The box calibration and the score reference describe this posterior's
+            # variances; a new one voids them.
             self.box_calibration = None
+            self.score_reference = None
             return self
 
     def _needs_kmeans(self) -> bool:
@@ -613,8 +630,10 @@ class LastLayerNTKGP:
             threshold = self.ood_threshold
             ood = variance > threshold if threshold is not None \
                 else np.zeros(len(variance), dtype=bool)
+            reference = self.score_reference
             return UncertaintyOutput(mean, variance, class_variance, probs, total, expected,
-                                     mutual, ood, expert.astype(np.int64))
+                                     mutual, ood, expert.astype(np.int64),
+                                     None if reference is None else reference.score(variance))
 
     # ------------------------------------------------------------------ calibration
 
@@ -630,6 +649,26 @@ class LastLayerNTKGP:
                 raise ValueError('calibrate_ood needs at least one feature row')
             self.ood_threshold = float(np.quantile(variance, self.config.ood_quantile))
             return self.ood_threshold
+
+    def calibrate_score(self, features: np.ndarray, split: str,
+                        levels: int = DEFAULT_REFERENCE_LEVELS) -> ScoreReference:
+        """Set the reference of the calibrated score from known validation objects.
+
+        Parameters
+        ----------
+        features : np.ndarray
+            ``(N, D)`` features of known objects the GP was not fitted on (the same ones
+            as :meth:`calibrate_ood`'s, so the OOD threshold scores ``ood_quantile``).
+        split : str
+            Name of the data, stored as the reference's provenance.
+        levels : int
+            Number of stored quantiles.
+        """
+        with self._lock:
+            variance = self._query(features)[1]
+            self.score_reference = ScoreReference.from_variances(variance, split,
+                                                                 self.model_id, levels)
+            return self.score_reference
 
     def calibrate_probabilities(self, features: np.ndarray, labels: np.ndarray,
                                 logits: np.ndarray | None = None) -> tuple[float, float]:
@@ -780,6 +819,8 @@ class LastLayerNTKGP:
                 'applied_updates': self.applied_updates,
                 'box_calibration': None if self.box_calibration is None
                 else self.box_calibration.to_meta(),
+                'score_reference': None if self.score_reference is None
+                else self.score_reference.to_meta(),
             }
             arrays = {
                 'weight': self._weight, 'bias': self._bias, 'centroids': self._centroids,
@@ -832,6 +873,10 @@ class LastLayerNTKGP:
             logger.info('%s has no box calibration (written before box uncertainty existed): '
                         'box_std is 0; refit the GP with `uq train --gp-only` to estimate it',
                         path)
+        if model.score_reference is None:
+            logger.info('%s has no score reference (written before the calibrated score '
+                        'existed): calibrated_score is -1; add one with `python -m '
+                        'uq_perception.score_reference`', path)
         return model
 
     @staticmethod
@@ -874,6 +919,11 @@ class LastLayerNTKGP:
                 raise ValueError(f'box_calibration must hold coordinates (names), noise and '
                                  f'scale (lists of numbers) and samples, got {box!r:.200}')
             check_integer('box_calibration.samples', box.get('samples'), 2)
+        reference = meta.get('score_reference')
+        if reference is not None and ScoreReference.from_meta(reference).model_id \
+                != meta['model_id']:
+            raise ValueError(f'score_reference belongs to model '
+                             f'{reference["model_id"]!r}, the state to {meta["model_id"]!r}')
         if not isinstance(meta['config'], dict):
             raise ValueError(f'config must be a JSON object, got {meta["config"]!r:.80}')
         try:
@@ -928,6 +978,8 @@ class LastLayerNTKGP:
         model.applied_updates = list(meta.get('applied_updates', []))
         box_meta = meta.get('box_calibration')
         model.box_calibration = None if box_meta is None else BoxCalibration.from_meta(box_meta)
+        reference = meta.get('score_reference')
+        model.score_reference = None if reference is None else ScoreReference.from_meta(reference)
         model._refresh_gating_cache()
         model._refactor(range(m))
         model._fitted = True

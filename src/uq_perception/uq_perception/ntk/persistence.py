@@ -2,8 +2,8 @@
 
 Two SHA-256 checksums are stored in the metadata: ``digest`` over the arrays and
 ``meta_digest`` over the rest of the metadata. Files written before ``meta_digest`` existed
-(the shipped GP among them) have none and still load; their metadata is then guarded by the
-field checks of :meth:`LastLayerNTKGP.load` alone.
+have none and still load; their metadata is then guarded by the field checks of
+:meth:`LastLayerNTKGP.load` alone.
 """
 
 from __future__ import annotations

@@ -3,20 +3,26 @@ and the traceable torch query."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
 
 def antithetic_normal_draws(num: int, dim: int, seed: int) -> np.ndarray:
-    """``(num, dim)`` fixed standard normal draws: antithetic pairs, unit second moments.
+    """``(num, dim)`` fixed standard normal draws: antithetic pairs, matched second moments.
 
-    Pairing ``eps`` with ``-eps`` makes the sample mean exactly zero and rescaling each
-    column makes its second moment exactly one, which removes the first two moments'
-    Monte-Carlo error from the entropy decomposition.
+    Pairing ``eps`` with ``-eps`` makes the sample mean exactly zero. When there are at
+    least as many pairs as dimensions the draws are whitened, so their second-moment matrix
+    is exactly the identity; otherwise each column is rescaled to a second moment of one.
+    This removes the first two moments' Monte-Carlo error from the entropy decomposition:
+    for a small GP variance the mutual information is then exact to second order, where
+    32 merely rescaled draws of 5 classes were off by up to 30 %.
     """
     half = np.random.default_rng(seed).standard_normal((num // 2, dim))
+    if num // 2 >= dim:
+        # Symmetric inverse square root of the pairs' second-moment matrix.
+        values, vectors = np.linalg.eigh(half.T @ half / len(half))
+        half = half @ (vectors / np.sqrt(values)) @ vectors.T
+        return np.concatenate([half, -half])
     draws = np.concatenate([half, -half])
     return draws / np.sqrt((draws * draws).mean(axis=0))
 
@@ -45,28 +51,23 @@ def summarise_gaussian_logits(mean: np.ndarray, gp_class_variance: np.ndarray,
     Returns
     -------
     tuple
-        ``(probabilities, predictive_entropy, expected_entropy, mutual_information)``;
-        logit draws are ``f_s = mu + sqrt(8 lambda / pi) L eps_s``, tempered by ``T``.
+        ``(probabilities, predictive_entropy, expected_entropy, mutual_information)``.
+        The probabilities are the probit approximation above, with ``lambda``. The
+        entropies are of the GP posterior itself, ``f ~ N(mu, sigma^2)``: draws
+        ``f_s = mu + L eps_s`` (``L`` the per-class standard deviations, or the Cholesky
+        factor of ``covariance``), tempered by ``T``, whatever ``lambda`` is.
     """
-    scale = math.sqrt(8.0 * probit_lambda / math.pi)
     adjusted = mean / np.sqrt(temperature * temperature + probit_lambda * gp_class_variance)
     probabilities = _softmax(adjusted)
-    if scale == 0.0:
-        # lambda = 0 (as fitted when the GP spread does not help the validation NLL): every
-        # draw is the mean, so the decomposition is exact without them: no epistemic part.
-        # This path skips ~15 array operations, a fifth of the node's GP query time.
-        entropy = -(probabilities * np.log(np.maximum(probabilities,
-                                                      np.finfo(np.float64).tiny))).sum(axis=1)
-        return probabilities, entropy, entropy.copy(), np.zeros_like(entropy)
     # Layout (B, C, S): reductions over classes then run over contiguous rows of draws.
     draws_t = np.ascontiguousarray(draws.T)
     if covariance is None:
-        z = mean[:, :, None] + draws_t[None] * (scale * np.sqrt(gp_class_variance))[:, :, None]
+        z = mean[:, :, None] + draws_t[None] * np.sqrt(gp_class_variance)[:, :, None]
     else:
         factor = np.linalg.cholesky(covariance + 1e-12 * np.eye(covariance.shape[-1])
                                     * np.maximum(np.trace(covariance, axis1=1, axis2=2),
                                                  1e-300)[:, None, None])
-        z = mean[:, :, None] + scale * (factor @ draws_t)
+        z = mean[:, :, None] + factor @ draws_t
     if temperature != 1.0:
         z /= temperature
     z -= z.max(axis=1, keepdims=True)

@@ -1,0 +1,169 @@
+"""The calibrated score: a GP variance placed among known validation objects' (ROS-free).
+
+A raw GP variance is in the units of one model's GP (logit^2 of its kernel and fitted
+hyperparameters), so a threshold written for one model means nothing for another. The
+calibrated score of a detection is the fraction of known validation objects whose GP
+variance is below the detection's: 0.5 is a typical known object, 0.95 the boundary of the
+5 % most uncertain known objects, 1 beyond every one of them, whatever the model.
+
+The GP artefact stores the reference: the validation variances at evenly spaced quantile
+levels ``0, 1/(K-1), ..., 1`` (linear interpolation between order statistics), with their
+provenance (split, number of objects, model id). A score is the empirical distribution
+function interpolated linearly in log-variance between those quantiles (variances spread
+over orders of magnitude; their logarithm is where interpolation is even), 0 below the
+smallest and 1 above the largest.
+
+The reference is fixed when the artefact is written. Labels learnt online lower the GP
+variance near what they teach, so a detection's score falls with them: a taught object
+ends up scored like the known objects. A new fit of the GP (a new posterior) discards the
+reference; it is then computed again from validation data.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# The message value of the score when the model has no reference (files written before it
+# existed): outside [0, 1], so no threshold in score units can mistake it for a score.
+NO_CALIBRATED_SCORE = -1.0
+# Quantile levels stored by default: steps of 1 %, a 4 KB list in the artefact's metadata.
+DEFAULT_REFERENCE_LEVELS = 101
+MAX_REFERENCE_LEVELS = 10001
+_MAX_TEXT = 200
+# Variances are floored here before the logarithm (an exact 0 has none).
+_TINY_VARIANCE = 1e-300
+
+
+@dataclass(frozen=True)
+class ScoreReference:
+    """GP variances of known validation objects at evenly spaced quantile levels.
+
+    Attributes
+    ----------
+    variance_quantiles : tuple[float, ...]
+        ``K >= 2`` non-decreasing, finite, non-negative variances at levels
+        ``k / (K - 1)``; the first is the smallest validation variance, the last the
+        largest.
+    split : str
+        Which data the variances come from (for example ``val``).
+    count : int
+        Number of validation objects.
+    model_id : str
+        The model (detector weights and GP) whose variances these are.
+    """
+
+    variance_quantiles: tuple[float, ...]
+    split: str
+    count: int
+    model_id: str
+
+    def __post_init__(self) -> None:
+        q = self.variance_quantiles
+        if not isinstance(q, tuple) or not 2 <= len(q) <= MAX_REFERENCE_LEVELS:
+            raise ValueError(f'variance_quantiles must be a tuple of 2 to '
+                             f'{MAX_REFERENCE_LEVELS} numbers, got {type(q).__name__} of '
+                             f'{len(q) if hasattr(q, "__len__") else "no"} items')
+        for value in q:
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                    or not math.isfinite(value) or value < 0:
+                raise ValueError(f'variance_quantiles must be finite numbers >= 0, got '
+                                 f'{value!r:.40}')
+        if any(b < a for a, b in zip(q[:-1], q[1:], strict=True)):
+            raise ValueError('variance_quantiles must be non-decreasing')
+        for name in ('split', 'model_id'):
+            text = getattr(self, name)
+            if not isinstance(text, str) or len(text) > _MAX_TEXT or not text.isprintable():
+                raise ValueError(f'{name} must be a printable string of at most {_MAX_TEXT} '
+                                 f'characters, got {text!r:.80}')
+        if not self.split:
+            raise ValueError('split must name the data of the reference')
+        if isinstance(self.count, bool) or not isinstance(self.count, numbers.Integral) \
+                or self.count < 1:
+            raise ValueError(f'count must be an integer >= 1, got {self.count!r:.40}')
+
+    @classmethod
+    def from_variances(cls, variances: np.ndarray, split: str, model_id: str,
+                       levels: int = DEFAULT_REFERENCE_LEVELS) -> ScoreReference:
+        """The reference of ``variances`` (GP variances of known validation objects).
+
+        Raises
+        ------
+        ValueError
+            If ``variances`` is empty, not one-dimensional, has non-finite or negative
+            values, or ``levels`` is outside ``[2, MAX_REFERENCE_LEVELS]``.
+        """
+        v = np.asarray(variances, dtype=np.float64)
+        if v.ndim != 1 or v.size == 0:
+            raise ValueError(f'variances must be a non-empty 1-D array, got shape {v.shape}')
+        if not np.isfinite(v).all() or (v < 0).any():
+            raise ValueError('variances must be finite and >= 0')
+        if isinstance(levels, bool) or not isinstance(levels, numbers.Integral) \
+                or not 2 <= levels <= MAX_REFERENCE_LEVELS:
+            raise ValueError(f'levels must be an integer in [2, {MAX_REFERENCE_LEVELS}], '
+                             f'got {levels!r}')
+        quantiles = np.quantile(v, np.linspace(0.0, 1.0, int(levels)))
+        # Monotone by construction; max.accumulate removes interpolation round-off.
+        quantiles = np.maximum.accumulate(quantiles)
+        return cls(tuple(float(x) for x in quantiles), str(split), int(v.size), str(model_id))
+
+    @property
+    def maximum(self) -> float:
+        """The largest validation variance (score 1 above it)."""
+        return self.variance_quantiles[-1]
+
+    def score(self, variance: np.ndarray) -> np.ndarray:
+        """``(B,)`` calibrated scores in ``[0, 1]`` of ``(B,)`` GP variances.
+
+        Between stored quantiles the score is interpolated linearly in log-variance; at a
+        run of equal quantiles (tied validation variances) it is the lowest level of the
+        run, the fraction strictly below. Raises ``ValueError`` for non-finite or negative
+        variances.
+        """
+        v = np.asarray(variance, dtype=np.float64)
+        if not np.isfinite(v).all() or (v < 0).any():
+            raise ValueError('variances must be finite and >= 0')
+        xp = np.log(np.maximum(np.asarray(self.variance_quantiles), _TINY_VARIANCE))
+        levels = np.linspace(0.0, 1.0, len(xp))
+        x = np.log(np.maximum(v, _TINY_VARIANCE))
+        # hi: first quantile above x; lo: first quantile at or above x. Strictly between
+        # quantiles lo == hi and the score interpolates on the segment (hi - 1, hi).
+        lo = np.searchsorted(xp, x, side='left')
+        hi = np.searchsorted(xp, x, side='right')
+        left = np.clip(hi - 1, 0, len(xp) - 2)
+        span = xp[left + 1] - xp[left]
+        fraction = np.divide(x - xp[left], span, out=np.zeros_like(x), where=span > 0)
+        interpolated = levels[left] + np.clip(fraction, 0.0, 1.0) * (levels[left + 1]
+                                                                      - levels[left])
+        on_quantile = lo < hi
+        out = np.where(on_quantile, levels[np.minimum(lo, len(xp) - 1)], interpolated)
+        out[hi == 0] = 0.0
+        out[lo == len(xp)] = 1.0
+        return out
+
+    def to_meta(self) -> dict[str, Any]:
+        """JSON-ready form for the GP state's metadata."""
+        return {'variance_quantiles': list(self.variance_quantiles), 'split': self.split,
+                'count': self.count, 'model_id': self.model_id}
+
+    @classmethod
+    def from_meta(cls, meta: Any) -> ScoreReference:
+        """Inverse of :meth:`to_meta`; every field checked (``ValueError`` names it)."""
+        if not isinstance(meta, dict):
+            raise ValueError(f'score_reference must be a JSON object, got {meta!r:.80}')
+        expected = {'variance_quantiles', 'split', 'count', 'model_id'}
+        if set(meta) != expected:
+            raise ValueError(f'score_reference must have exactly the fields '
+                             f'{sorted(expected)}, got {sorted(map(str, meta))}')
+        quantiles = meta['variance_quantiles']
+        if not isinstance(quantiles, list):
+            raise ValueError(f'score_reference.variance_quantiles must be a list, got '
+                             f'{quantiles!r:.80}')
+        try:
+            return cls(tuple(quantiles), meta['split'], meta['count'], meta['model_id'])
+        except ValueError as exc:
+            raise ValueError(f'score_reference: {exc}') from None
