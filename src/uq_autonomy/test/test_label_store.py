@@ -480,19 +480,30 @@ def test_concurrent_answers_from_threads_and_connections(tmp_path: Path) -> None
     for i in range(20):
         stores[0].add_request(request(f'r{i}'))
     results: list[AnswerStatus] = []
+    errors: list[BaseException] = []
     lock = threading.Lock()
+    start = threading.Barrier(4)  # all four race from the first answer on
 
     def worker(k: int) -> None:
-        for i in range(20):
-            r = stores[k % 2].answer(f'r{i}', 'mug' if k < 3 else 'cup', f'w{k}')
+        # An exception in a thread is only a pytest warning: it is collected and fails
+        # the test below, so a worker that dies on "database is locked" is a failure.
+        try:
+            start.wait(timeout=10.0)
+            for i in range(20):
+                r = stores[k % 2].answer(f'r{i}', 'mug' if k < 3 else 'cup', f'w{k}')
+                with lock:
+                    results.append(r.status)
+        except BaseException as err:
             with lock:
-                results.append(r.status)
+                errors.append(err)
 
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    assert errors == []
+    assert len(results) == 4 * 20  # every worker answered every request
     assert stores[0].count_labels() == 20
     assert results.count(AnswerStatus.STORED) == 20
     assert set(results) <= {AnswerStatus.STORED, AnswerStatus.DUPLICATE, AnswerStatus.CONFLICT}
