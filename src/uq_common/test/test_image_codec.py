@@ -62,6 +62,12 @@ def test_malformed_frames_are_rejected_with_the_reason(mutate, message):
         image_to_rgb(**fields)
 
 
+def test_a_frame_of_exactly_max_pixels_is_accepted():
+    # The limit is inclusive: 5 x 7 = 35 pixels pass at max_pixels=35, fail at 34 (above).
+    out = image_to_rgb(**_fields(RGB, 'rgb8'), max_pixels=RGB.shape[0] * RGB.shape[1])
+    np.testing.assert_array_equal(out, RGB)
+
+
 @pytest.mark.parametrize('bad', [np.nan, np.inf])
 def test_non_finite_float_pixels_are_rejected(bad):
     values = np.zeros((5, 7, 3), np.float32)
