@@ -346,6 +346,18 @@ def test_stale_perception_falls_back_and_recovers_after_dwell():
     assert arbiter.observe(t + 0.95, [det(0.01)], 2).state.level == Level.GUIDED
 
 
+def test_perception_is_usable_up_to_and_including_the_deadline():
+    # Binary fractions, so that the age at the boundary is exactly the deadline.
+    arbiter = Arbiter(ArbiterConfig(min_dwell_s=0.0, perception_deadline_s=0.25), 0.0)
+    assert _climb(arbiter, 0.0, 0.01, Level.ASSISTANCE) < 2.0
+    assert arbiter.observe(2.0, [det(0.01)], 2).state.level == Level.ASSISTANCE
+    at_deadline = arbiter.step(2.25).state
+    assert not at_deadline.perception_stale and at_deadline.level == Level.ASSISTANCE
+    past = arbiter.step(2.25 + 2.0 ** -20).state
+    assert past.perception_stale and past.level == Level.TELEOPERATION
+    assert 'no valid DetectionArray within 0.25 s' in past.reason
+
+
 def test_override_forces_a_level_and_expires():
     arbiter = Arbiter(ArbiterConfig(min_dwell_s=10.0), 0.0)
     arbiter.observe(0.1, [det(1.5)], 2)  # between up[0] and down[0]: teleoperation holds
