@@ -25,8 +25,18 @@ Topics (relative names, remap as usual):
   the backend call's p50 (``forward_p50_ms``) and each frame's latency less its backend
   call (``overhead_p50_ms``, ``overhead_p99_ms``: what the node adds to the network);
   frames processed, dropped and rejected, inference errors, backend, device, model id,
-  the learnt state (``learnt_state``). A learnt state that could not be used (moved aside,
-  ``uq_perception/teaching.py``) keeps the level at WARN until the next configure.
+  the learnt state: where labels are saved (``learnt_state``), where the GP running came
+  from at configure (``learnt_state_source``: the learnt state file and its number of
+  labels, or the shipped GP) and the labels applied (``labels_learnt``); the calibrated
+  score's reference (``score_reference``: split, objects, largest variance). A learnt state
+  that could not be used (moved aside, ``uq_perception/teaching.py``) keeps the level at
+  WARN until the next configure.
+
+Labels taught through ``teach_object`` persist by default: the GP state is saved after
+every label to ``learned_gp_path``, by default ``$ROS_HOME/uq/learned/<model id>.npz``
+(``~/.ros`` when ``ROS_HOME`` is unset), and loaded from there at configure, so a restarted
+detector knows what it was taught. ``persist_learnt_state: false`` keeps labels in memory
+only (evaluations that must start from the shipped GP every run).
 
 Threads: the image subscription lives on a private input node,
 ``<name>_image_input`` in the same namespace (:class:`ImageInputThread`), served by a
@@ -129,7 +139,12 @@ PARAMETERS = [
     ParameterSpec('learned_gp_path', '',
                   'File where the GP state learnt from labels (teach_object) is saved after '
                   'every label and loaded at configure when it belongs to the same model; '
-                  'empty: labels are kept in memory only.', read_only=True),
+                  'empty: $ROS_HOME/uq/learned/<model id>.npz (~/.ros when ROS_HOME is '
+                  'unset).', read_only=True),
+    ParameterSpec('persist_learnt_state', True,
+                  'Keep the learnt GP state in learned_gp_path across restarts; false: '
+                  'labels are kept in memory only and lost when the node stops.',
+                  read_only=True),
 ]
 _SPECS = {spec.name: spec for spec in PARAMETERS}
 _IMAGE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
@@ -231,6 +246,7 @@ class DetectorNode(LifecycleNode):
         # not be used (set at configure; reported by diagnostics until the next configure).
         self._learnt_save_path: Path | None = None
         self._learnt_state_problem = ''
+        self._learnt_state_source = ''
         self._reset_stats()
         if self._params['autostart']:
             self._autostart_timer = self.create_timer(0.0, self._autostart)
@@ -295,6 +311,7 @@ class DetectorNode(LifecycleNode):
         self._outputs = {}
         self._perception = None
         self._learnt_save_path, self._learnt_state_problem = None, ''
+        self._learnt_state_source = ''
         return TransitionCallbackReturn.SUCCESS
 
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -334,7 +351,7 @@ class DetectorNode(LifecycleNode):
         model_id = getattr(model, 'model_id', '')
         gp = LastLayerNTKGP.load(p['gp_path'], feature_dim=model.embedding_dim,
                                  model_id=model_id or None)
-        learnt = load_learnt_state(gp, self._learned_gp_path())
+        learnt = load_learnt_state(gp, self._learned_gp_path(gp.model_id))
         if learnt.problem:
             self.get_logger().warning(learnt.message)
         else:
@@ -349,12 +366,17 @@ class DetectorNode(LifecycleNode):
         self._device = backend.device_name
         self._learnt_save_path = learnt.save_to
         self._learnt_state_problem = learnt.problem
+        self._learnt_state_source = learnt.source
         return UncertaintyPerception(backend, gp, p['score_threshold'], p['max_detections'],
                                      IoUTracker(p['tracking_iou']))
 
-    def _learned_gp_path(self) -> Path | None:
+    def _learned_gp_path(self, model_id: str) -> Path | None:
+        from uq_perception.teaching import default_learnt_state_path
+
+        if not self._params['persist_learnt_state']:
+            return None
         path = self._params['learned_gp_path']
-        return Path(path).expanduser() if path else None
+        return Path(path).expanduser() if path else default_learnt_state_path(model_id)
 
     # --- teaching ----------------------------------------------------------------------
     def _on_teach(self, request: TeachObject.Request,
@@ -501,6 +523,8 @@ class DetectorNode(LifecycleNode):
         forward_p50, = self._stats.latency_percentiles(50, stage='forward')
         overhead_p50, overhead_p99 = self._stats.latency_percentiles(50, 99, stage='overhead')
         counters = self._stats.counters
+        gp = self._perception.gp
+        reference = gp.score_reference
         level, message = DiagnosticStatus.OK, 'processing images'
         if self._last_arrival is None or now - self._last_arrival > \
                 self._params['stale_input_timeout']:
@@ -531,6 +555,12 @@ class DetectorNode(LifecycleNode):
             'learnt_state': self._learnt_state_problem or (
                 f'saved to {self._learnt_save_path}' if self._learnt_save_path
                 else 'in memory only'),
+            'learnt_state_source': self._learnt_state_source,
+            'labels_learnt': str(len(gp.applied_updates)),
+            'score_reference': (
+                f'{reference.count} known objects of {reference.split}, largest variance '
+                f'{reference.maximum:.4g}' if reference is not None
+                else 'none: calibrated_score is -1'),
         }
         status = DiagnosticStatus(
             level=level, name=f'{self.get_name()}: uncertainty detector', message=message,

@@ -16,13 +16,21 @@ every class costs each detection's prediction time.
 A learnt state that exists but cannot be used (unreadable, corrupt, another model's) is
 never overwritten: :func:`load_learnt_state` moves it aside first, so the labels in it can
 still be recovered.
+
+By default the learnt state lives under the ROS home, one file per model
+(:func:`default_learnt_state_path`): ``$ROS_HOME/uq/learned/<model id>.npz``, or
+``~/.ros/uq/learned/<model id>.npz`` when ``ROS_HOME`` is unset, the folder ROS 2 keeps its
+own per-user state in. Another model (retrained weights: another id) starts afresh, and
+its labels never mix with these.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,6 +50,9 @@ MAX_REQUEST_ID_LENGTH = 128
 # detection's prediction, whose cost grows linearly with the number of classes, and a
 # scene with more distinct unknown objects than this is better served by retraining.
 MAX_TAUGHT_CLASSES = 64
+# Characters kept as they are in the file name of a model's learnt state.
+_FILE_NAME_SAFE = re.compile(r'[A-Za-z0-9._-]+')
+_MAX_PLAIN_NAME = 64
 
 
 @dataclass(frozen=True)
@@ -69,12 +80,40 @@ class LearntState:
     save_to
         Where labels are to be saved: the configured path, or ``None`` when an unusable
         state could not be moved aside (saving would destroy it).
+    source
+        Where ``gp`` came from, in a few words: the learnt state's path and its number of
+        labels, or the shipped GP.
     """
 
     gp: LastLayerNTKGP
     message: str
     problem: str = ''
     save_to: Path | None = None
+    source: str = 'the shipped GP'
+
+
+def default_learnt_state_path(model_id: str,
+                               environ: Mapping[str, str] | None = None) -> Path:
+    """Where the GP state learnt for the model ``model_id`` is kept by default.
+
+    ``$ROS_HOME/uq/learned/<model id>.npz``, ``~/.ros/uq/learned/<model id>.npz`` when
+    ``ROS_HOME`` is unset or empty (``~`` expanded in both, as ROS 2 does). A model id with
+    characters other than letters, digits, ``.``, ``_`` and ``-``, or none, or longer than
+    64 characters, is written with those replaced, cut to 64, and a hash of the id
+    appended, so two ids never share a file.
+    """
+    env = os.environ if environ is None else environ
+    ros_home = env.get('ROS_HOME') or os.path.join('~', '.ros')
+    if ros_home.startswith('~'):
+        home = env.get('HOME') or os.path.expanduser('~')
+        ros_home = home + ros_home[1:]
+    name = model_id
+    if not _FILE_NAME_SAFE.fullmatch(model_id) or model_id in ('.', '..') \
+            or len(model_id) > _MAX_PLAIN_NAME:
+        digest = hashlib.sha256(model_id.encode('utf-8', 'surrogatepass')).hexdigest()[:16]
+        plain = re.sub(r'[^A-Za-z0-9._-]', '_', model_id)[:_MAX_PLAIN_NAME]
+        name = f'{plain}-{digest}'.lstrip('.')
+    return Path(ros_home) / 'uq' / 'learned' / f'{name}.npz'
 
 
 def _class_index(names: Sequence[str], label: str) -> int | None:
@@ -195,16 +234,30 @@ def load_learnt_state(shipped: LastLayerNTKGP, path: Path | None) -> LearntState
     """The GP to run: the learnt state at ``path`` when it exists and belongs to the same
     model (same id, feature size and base classes), else ``shipped``.
 
-    A state at ``path`` that cannot be used is moved aside (:func:`move_aside`, to
+    Without a state at ``path`` its folder is created (labels are saved there); when that
+    fails, ``problem`` says so and ``save_to`` is ``None``. A state at ``path`` that cannot
+    be used is moved aside (:func:`move_aside`, to
     ``<name>.unusable-<UTC time>``) before anything is saved there, and the result's
     ``problem`` names both paths and the reason. When it cannot be moved, ``save_to`` is
     ``None``: labels are then kept in memory only, and the file stays as it is.
+
+    The calibrated score's reference is the shipped GP's when it has one: it describes the
+    model's validation data, which labels do not change, and a learnt state saved before
+    the shipped GP gained (or renewed) its reference would otherwise score nothing.
     """
     from uq_perception.ntk import LastLayerNTKGP
 
     if path is None:
-        return LearntState(shipped, 'no learnt state configured (learned_gp_path empty)')
+        return LearntState(shipped, 'the learnt state is not kept (persist_learnt_state is '
+                                    'false): labels live in memory only; starting from the '
+                                    'shipped GP')
     if not path.exists():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            problem = (f'cannot create the folder of the learnt state {path} ({exc}): new '
+                       'labels are NOT saved')
+            return LearntState(shipped, f'{problem}; starting from the shipped GP', problem)
         return LearntState(shipped, f'no learnt state at {path} yet; starting from the '
                                     'shipped GP', save_to=path)
     try:
@@ -217,9 +270,12 @@ def load_learnt_state(shipped: LastLayerNTKGP, path: Path | None) -> LearntState
     except (OSError, ValueError) as exc:
         reason = str(exc)
     else:
-        return LearntState(learnt, f'loaded the learnt state {path}: '
-                                   f'{len(learnt.applied_updates)} labels, classes '
-                                   f'{learnt.class_names}', save_to=path)
+        if shipped.score_reference is not None:
+            learnt.score_reference = shipped.score_reference
+        labels = len(learnt.applied_updates)
+        return LearntState(learnt, f'loaded the learnt state {path}: {labels} labels, '
+                                   f'classes {learnt.class_names}', save_to=path,
+                           source=f'the learnt state {path} ({labels} labels)')
     try:
         moved = move_aside(path, 'unusable')
     except OSError as exc:
