@@ -243,9 +243,9 @@ def default_data_dir() -> Path:
         candidates.append(Path(os.environ['UQ_DATA_DIR']))
     if os.environ.get('UQ_WORKSPACE'):
         candidates.append(Path(os.environ['UQ_WORKSPACE']) / '..' / 'shared' / 'data')
-    # src/uq_perception/uq_perception/mnist_data.py -> workspace root is parents[3]; resolve()
-    # follows colcon's symlink install back to the source tree.
-    candidates.append(Path(__file__).resolve().parents[3] / '..' / 'shared' / 'data')
+    # src/uq_eval/uq_eval/mnist/data.py -> workspace root is parents[4]; resolve() follows
+    # colcon's symlink install back to the source tree.
+    candidates.append(Path(__file__).resolve().parents[4] / '..' / 'shared' / 'data')
     for candidate in candidates:
         if candidate.is_dir():
             return candidate.resolve()
