@@ -14,6 +14,7 @@ rendered pixels are checked against the layout the overlay reports:
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import cv2
 import numpy as np
@@ -71,8 +72,12 @@ def _crowded_frame(height: int, width: int, seed: int, clusters: int = 3) -> Fra
               [width / 2, height / 2, 0.2 * width, 0.2 * height]] * 1
     boxes.append(boxes[-1])  # two identical detections
     k = len(boxes)
-    return _frame(np.array(boxes), rng.uniform(0.0, 1e-3, k), rng.random(k) < 0.3,
-                  rng.integers(0, len(CLASSES), k))
+    frame = _frame(np.array(boxes), rng.uniform(0.0, 1e-3, k), rng.random(k) < 0.3,
+                   rng.integers(0, len(CLASSES), k))
+    if seed % 2:  # the longer labels of a model with a score reference
+        frame = replace(frame, uncertainty=replace(frame.uncertainty,
+                                                   calibrated_score=rng.uniform(0, 1, k)))
+    return frame
 
 
 def _single_put_text(label: Label, style: LabelStyle) -> np.ndarray:
@@ -168,6 +173,25 @@ def test_labels_keep_off_every_box_where_there_is_room():
             assert not (x0 < grown[2] and grown[0] < x1 and y0 < grown[3] and grown[1] < y1), \
                 (label.text, (cx, cy, w, h))
     assert layout.labels[0].text.startswith('OOD ellipsoid')  # the most uncertain first
+
+
+def test_labels_show_the_calibrated_score_where_the_model_has_one():
+    boxes = np.array([[60, 60, 40, 40], [200, 60, 40, 40], [60, 180, 40, 40],
+                      [200, 180, 40, 40]], np.float64)
+    frame = _frame(boxes, np.full(4, 1e-4), np.zeros(4, bool), np.array([0, 1, 2, 3]))
+    without = layout_labels((240, 320, 3), frame, 5e-4)
+    assert all(' q=' not in label.text for label in without.labels)
+    # -1 is the message's "no reference"; NaN and values past 1 are no scores either.
+    scored = replace(frame, uncertainty=replace(
+        frame.uncertainty, calibrated_score=np.array([0.97, -1.0, np.nan, 1.5])))
+    texts = {label.detection: label.text for label in
+             layout_labels((240, 320, 3), scored, 5e-4).labels}
+    assert texts[0].endswith(' q=0.97') and all(' q=' not in texts[i] for i in (1, 2, 3))
+    short = replace(frame, uncertainty=replace(frame.uncertainty,
+                                               calibrated_score=np.array([0.5])))
+    image = np.zeros((240, 320, 3), np.uint8)
+    _check(layout_labels(image.shape, short, 5e-4), image, render_overlay(image, short,
+                                                                          5e-4)[0])
 
 
 def test_the_font_is_sized_for_the_image():

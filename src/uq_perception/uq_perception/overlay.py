@@ -2,8 +2,10 @@
 
 Colour runs from green (GP variance near zero) through yellow to red (at or above the OOD
 threshold), so an operator sees at a glance which objects the robot does not know. Each
-label shows the class, its probability and the GP standard deviation sigma; detections
-flagged out-of-distribution are drawn with a thicker box and an "OOD" tag. A translucent
+label shows the class, its probability, the GP standard deviation ``s`` and, where the model
+has a score reference, the calibrated score ``q`` (the share of known validation objects
+less uncertain than this one: the same scale for every model); detections flagged
+out-of-distribution are drawn with a thicker box and an "OOD" tag. A translucent
 band around each box spans its edges moved in and out by one standard deviation (from the
 box coordinates' ``box_std``): a wide band is a box whose extent the robot is unsure of.
 
@@ -248,8 +250,23 @@ def _label_text(frame: FrameResult, i: int) -> str:
     unc = frame.uncertainty
     cls = int(np.argmax(unc.probabilities[i]))
     ood = 'OOD ' if bool(unc.out_of_distribution[i]) else ''
-    return (f'{ood}{_shown_name(frame.class_names[cls])} {unc.probabilities[i, cls]:.2f} '
+    text = (f'{ood}{_shown_name(frame.class_names[cls])} {unc.probabilities[i, cls]:.2f} '
             f's={math.sqrt(float(unc.gp_variance[i])):.2f}')
+    score = _calibrated_score(frame, i)
+    return text if score is None else f'{text} q={score:.2f}'
+
+
+def _calibrated_score(frame: FrameResult, i: int) -> float | None:
+    """Detection ``i``'s calibrated score; None without a score reference, or for a row the
+    scores lack or that is not a score in [0, 1]."""
+    if frame.uncertainty.calibrated_score is None:
+        return None
+    try:
+        scores = np.asarray(frame.uncertainty.calibrated_score, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        return None
+    score = float(scores[i]) if i < len(scores) else math.nan
+    return score if 0.0 <= score <= 1.0 else None
 
 
 def _make_label(text: str, x: int, bottom: int, style: LabelStyle, width: int,
