@@ -232,6 +232,7 @@ class BagEvaluator:
                                           'to': t.to_level.label, 'reason': t.reason})
         unc = frame.uncertainty
         predicted = unc.probabilities.argmax(axis=1) if len(frame) else np.zeros(0, int)
+        calibrated = [d.uncertainty.calibrated_score for d in message.detections]
         self.data.frames.append({
             'stamp': stamp, 'level': int(step.state.level), 'level_name': step.state.level.label,
             'latency_ms': frame.inference_ms, 'forward_ms': frame.forward_ms,
@@ -245,7 +246,8 @@ class BagEvaluator:
                 'gp_variance': float(unc.gp_variance[i]),
                 'mutual_information': float(unc.mutual_information[i]),
                 'predictive_entropy': float(unc.predictive_entropy[i]),
-                'max_probability': float(unc.probabilities[i].max())})
+                'max_probability': float(unc.probabilities[i].max()),
+                'calibrated_score': float(calibrated[i])})
         self._ask_for_help(stamp, frame, predicted, rgb)
         scored = _Frame(
             stamp, frame.detections.boxes.astype(np.float64),

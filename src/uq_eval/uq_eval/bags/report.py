@@ -13,6 +13,11 @@ Metrics with ground truth (detections matched to ground-truth boxes at IoU >= 0.
 - ``aurc``: area under the risk-coverage curve (error rate among the most confident
   fraction of known-object detections, averaged over coverages; lower is better).
 
+Without ground truth: percentiles of latency, GP variance, mutual information and the
+calibrated score (``calibrated_score``: the share of the model's known validation objects
+with a lower GP variance, the unit of model-independent thresholds; left out, with a note,
+when the model has no score reference and the detector publishes -1).
+
 With partial labels (``ground_truth_exhaustive`` false: the ask-for-help export) every
 figure but AP is computed over the labelled detections; AP needs every object of a frame
 labelled and is left out.
@@ -70,10 +75,14 @@ def compute_metrics(data: Any) -> dict:
         np.zeros(0)
     mi = np.array([d['mutual_information'] for d in data.detections]) if data.detections \
         else np.zeros(0)
+    # -1: the model has no score reference (uq_msgs/Uncertainty.calibrated_score).
+    scores = np.array([d['calibrated_score'] for d in data.detections
+                       if d.get('calibrated_score', -1.0) >= 0.0])
     metrics: dict[str, Any] = {
         'frames': len(frames), 'detections': len(data.detections),
         'latency_ms': _percentiles(latency),
         'gp_variance': _percentiles(gpv), 'mutual_information': _percentiles(mi),
+        'calibrated_score': _percentiles(scores),
         'time_per_level_s': level_time(frames),
         'transitions': len(data.transitions),
         'help_requests': len(data.help_requests),
@@ -229,6 +238,17 @@ def _fmt(x: Any, digits: int = 3) -> str:
     return 'n/a' if x is None else f'{x:.{digits}f}'
 
 
+def _score_line(metrics: dict) -> str:
+    score = metrics.get('calibrated_score', {'count': 0})
+    if score['count'] == 0:
+        if metrics['detections']:
+            return ('- calibrated score: n/a (the model has no score reference; add one with '
+                    '`python -m uq_perception.score_reference`)')
+        return '- calibrated score: n/a (no detection)'
+    return (f"- calibrated score (share of known validation objects with lower GP variance): "
+            f"p50 {_fmt(score['p50'])}, p90 {_fmt(score['p90'])}, p99 {_fmt(score['p99'])}")
+
+
 def write_report(bag: Path, data: Any, metrics: dict, plots: dict[str, str], out_dir: Path,
                  extra: dict | None = None) -> tuple[Path, Path]:
     """Write ``report.json`` and ``report.md`` into ``out_dir``."""
@@ -249,6 +269,7 @@ def write_report(bag: Path, data: Any, metrics: dict, plots: dict[str, str], out
               f"p99 {_fmt(lat.get('p99'), 1)} ms",
               f"- GP variance (logit²): p50 {_fmt(metrics['gp_variance'].get('p50'), 4)}, "
               f"p99 {_fmt(metrics['gp_variance'].get('p99'), 4)}",
+              _score_line(metrics),
               f"- level transitions: {metrics['transitions']}, help requests: "
               f"{metrics['help_requests']}"]
     if 'node_latency_ms' in metrics:
