@@ -32,7 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help='output directory for results.json, results.md and plots '
                              '(default: out/bench_mnist)')
     parser.add_argument('--quick', action='store_true',
-                        help='reduced run (2000 training images, 1 epoch, 1000 images per '
+                        help='reduced run (2000 training images, 1 epoch, 500 images per '
                              'evaluation set; every method and metric)')
     parser.add_argument('--epochs', type=positive_int, default=None,
                         help='training epochs per network (default 3, --quick 1)')
