@@ -28,7 +28,7 @@ from pathlib import Path
 
 from uq_common.arguments import domain_id, non_negative_float, non_negative_int, positive_float
 
-WORKSPACE = Path(__file__).resolve().parents[3]
+WORKSPACE = Path(__file__).resolve().parents[4]
 ASK_FOR_HELP_CONFIG = WORKSPACE / 'config' / 'ask_for_help.yaml'
 LABELLER_CONFIG = WORKSPACE / 'config' / 'scripted_labeller.yaml'
 LABELLER = ('scripted_labeller_node', 'uq_sim.scripted_labeller_node')

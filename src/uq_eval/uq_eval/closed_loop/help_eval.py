@@ -41,7 +41,7 @@ from uq_eval.closed_loop.help_metrics import (
     summarise,
 )
 
-WORKSPACE = Path(__file__).resolve().parents[3]
+WORKSPACE = Path(__file__).resolve().parents[4]
 CONFIG = WORKSPACE / 'config'
 SCENARIOS = ('novel_arrivals', 'novel_pair', 'tabletop_demo')
 QUICK_SCENARIO, QUICK_DURATION_S = 'novel_pair', 12.0

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from uq_common.spin_thread import SpinThread
 
-WORKSPACE = Path(__file__).resolve().parents[3]
+WORKSPACE = Path(__file__).resolve().parents[4]
 CONFIG = WORKSPACE / 'config' / 'shared_autonomy.yaml'
 
 # (name, python module); ask_for_help_node is optional (its package may not have it yet).

@@ -35,7 +35,7 @@ from uq_eval.closed_loop.shared_autonomy_metrics import (
     trial_samples,
 )
 
-WORKSPACE = Path(__file__).resolve().parents[3]
+WORKSPACE = Path(__file__).resolve().parents[4]
 _DEADBAND = 0.02  # arbitration_node operator_deadband in config/shared_autonomy.yaml
 
 
