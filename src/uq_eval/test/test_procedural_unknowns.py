@@ -90,5 +90,10 @@ def test_eval_detector_reports_procedural_auroc_next_to_the_fixed_set(tmp_path):
     assert report['ood_auroc_gp_variance'] == {
         'fixed_unknown_set': report['uncertainty']['auroc_unknown']['gp_variance'],
         'procedural_unknowns': auroc}
+    assert report['ood_auroc_mutual_information'] == {
+        'fixed_unknown_set': report['uncertainty']['auroc_unknown']['mutual_information'],
+        'procedural_unknowns': procedural['auroc_unknown']['mutual_information']}
     assert 'GP-variance OOD AUROC: fixed unknown set' in proc.stderr
+    assert (f"known-vs-unknown AUROC on the fixed unknown set "
+            f"({report['uncertainty']['ood_matched_unknown']} unknown") in proc.stderr
     assert f'procedural objects missed: {procedural["missed"]} of {scored}' in proc.stderr
