@@ -1,9 +1,17 @@
-"""Inference backends behind one interface: PyTorch CPU, PyTorch CUDA, TensorRT (ROS-free).
+"""Inference backends of the shipped detector behind one interface (ROS-free): PyTorch CPU,
+PyTorch CUDA, ONNX Runtime, TensorRT.
 
 Every backend turns an RGB image into the detector's candidate tensors (``scores``,
 ``boxes``, ``embeddings``, ``logits``) and lets the detector's numpy ``decode`` cut them to
-:class:`~uq_perception.detector.Detections`, so the uncertainty pipeline is identical
-whatever runs the network.
+:class:`~uq_perception.contract.Detections`, so the uncertainty pipeline is identical
+whatever runs the network. Each backend is a
+:class:`~uq_perception.contract.DetectorContract`: the shipped CenterNet implements the
+detector contract through them.
+
+The ONNX Runtime backend (``onnxruntime``, the default on the CPU) runs an ONNX export of
+the loaded model, built on first start, cached and checked against the torch model at
+every start (``uq_perception.onnx_export``); :func:`create_backend_with_fallback` runs
+``pytorch-cpu`` instead, with the reason, when onnxruntime is missing or the check fails.
 
 The TensorRT backend runs an engine built on the target by :func:`build_tensorrt_engine`
 (``uq build-engine``) with torch-tensorrt, in FP16. The engine holds only the network: the
@@ -16,21 +24,23 @@ installed on the CPU path.
 
 from __future__ import annotations
 
-import abc
 import copy
 import json
-import time
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from uq_perception.candidates import DECODED_OUTPUTS, pack_candidates
+from uq_perception.contract import DetectorContract, LinearHead
 from uq_perception.detector import CenterNetDetector, Detections, normalize_images
+from uq_perception.onnx_runtime import ExecutionProvider, OnnxRuntimeUnavailableError
 
-#: The candidate tensors :meth:`CenterNetDetector.decode` reads, in the order they are packed
-#: into one device buffer so a frame needs a single device-to-host copy.
-DECODED_OUTPUTS = ('scores', 'boxes', 'embeddings', 'logits')
+if TYPE_CHECKING:
+    from uq_perception.ntk import LastLayerNTKGP
+
 #: Precision every engine is built in (``uq build-engine``).
 ENGINE_PRECISION = 'fp16'
 
@@ -40,7 +50,12 @@ class BackendKind(str, Enum):
 
     PYTORCH_CPU = 'pytorch-cpu'
     PYTORCH_CUDA = 'pytorch-cuda'
+    ONNXRUNTIME = 'onnxruntime'
     TENSORRT = 'tensorrt'
+
+
+#: The backend a CPU-only machine runs by default (when its ONNX export passes its checks).
+DEFAULT_CPU_BACKEND = BackendKind.ONNXRUNTIME
 
 
 class BackendUnavailableError(RuntimeError):
@@ -51,8 +66,8 @@ class EngineMismatchError(BackendUnavailableError):
     """A TensorRT engine was built from another detector (or input size, or precision)."""
 
 
-class InferenceBackend(abc.ABC):
-    """Runs the detector on one image."""
+class InferenceBackend(DetectorContract):
+    """Runs the shipped detector on one image; the contract's fields come from its model."""
 
     kind: BackendKind
 
@@ -61,31 +76,29 @@ class InferenceBackend(abc.ABC):
         self._device = torch.device('cpu')
 
     @property
-    @abc.abstractmethod
-    def device_name(self) -> str:
-        """Human-readable device (for diagnostics and benchmark reports)."""
+    def model_id(self) -> str:
+        return self.model.model_id
 
-    @abc.abstractmethod
-    def infer(self, image_rgb: np.ndarray, score_threshold: float,
-              max_detections: int) -> Detections:
-        """Detect objects in an ``(H, W, 3)`` uint8 RGB image."""
+    @property
+    def class_names(self) -> list[str]:
+        return list(self.model.class_names)
+
+    @property
+    def input_size(self) -> tuple[int, int]:
+        return self.model.input_size
+
+    @property
+    def backend_name(self) -> str:
+        return self.kind.value
+
+    def head(self) -> LinearHead:
+        return LinearHead(self.model.head.weight.detach().to('cpu', torch.float32).numpy(),
+                          self.model.head.bias.detach().to('cpu', torch.float32).numpy())
 
     def synchronize(self) -> None:
         """Wait for the device's queued work, so a timer around ``infer`` measures it all."""
         if self._device.type == 'cuda':
             torch.cuda.synchronize(self._device)
-
-    def warm_up(self, frames: int) -> float:
-        """Run ``frames`` inferences on a blank input of the model's size, so the first
-        camera frames do not pay for lazy initialisation (CUDA context, kernel selection,
-        TensorRT execution context, pinned buffers). Returns the seconds it took."""
-        height, width = self.model.input_size
-        blank = np.zeros((height, width, 3), np.uint8)
-        start = time.perf_counter()
-        for _ in range(frames):
-            self.infer(blank, 0.0, 1)
-        self.synchronize()
-        return time.perf_counter() - start
 
     def _unpack(self, packed: torch.Tensor, widths: list[int], image_rgb: np.ndarray,
                 score_threshold: float, max_detections: int) -> Detections:
@@ -95,14 +108,6 @@ class InferenceBackend(abc.ABC):
         outputs['scores'] = outputs['scores'][..., 0]
         return self.model.decode(outputs, score_threshold, max_detections,
                                  image_sizes=[image_rgb.shape[:2]])[0]
-
-
-def _pack_candidates(outputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
-    """The decoded outputs as one float32 ``(B, K, 1 + 4 + D + C)`` tensor on their device,
-    so a frame needs one device-to-host copy; the full maps never leave the device."""
-    parts = [outputs['scores'].unsqueeze(-1)] + [outputs[k] for k in DECODED_OUTPUTS[1:]]
-    packed = torch.cat([part.float() for part in parts], dim=2)
-    return packed, [part.shape[-1] for part in parts]
 
 
 class _DeviceTransfers:
@@ -161,7 +166,7 @@ class TorchBackend(InferenceBackend):
         images = self.model.image_tensor(image_rgb)
         if self._transfers is not None:
             images = self._transfers.to_device(images)
-        packed, widths = _pack_candidates(self.model(normalize_images(images)))
+        packed, widths = pack_candidates(self.model(normalize_images(images)))
         if self._transfers is not None:
             packed = self._transfers.to_host(packed)
         return self._unpack(packed, widths, image_rgb, score_threshold, max_detections)
@@ -301,14 +306,80 @@ class TensorRTBackend(InferenceBackend):
     def infer(self, image_rgb: np.ndarray, score_threshold: float,
               max_detections: int) -> Detections:
         images = self._transfers.to_device(self.model.image_tensor(image_rgb))
-        packed, widths = _pack_candidates(self._engine(normalize_images(images, torch.float16)))
+        packed, widths = pack_candidates(self._engine(normalize_images(images, torch.float16)))
         packed = self._transfers.to_host(packed)
         return self._unpack(packed, widths, image_rgb, score_threshold, max_detections)
 
 
+class OnnxRuntimeBackend(InferenceBackend):
+    """Runs the ONNX export of the model on ONNX Runtime (``uq_perception.onnx_export``).
+
+    Parameters
+    ----------
+    model
+        The loaded detector; its export is taken from the cache or built.
+    provider
+        ONNX Runtime execution provider (``cpu``, ``cuda``, ``tensorrt``).
+    threads
+        Intra-op CPU threads.
+    cache_dir
+        Cache folder of the export (default :func:`uq_perception.onnx_export.default_cache_dir`).
+    gp
+        The NTK-GP the detections will be queried with: the check then also compares the GP
+        variance of the export's embeddings with the torch model's.
+
+    Raises
+    ------
+    uq_perception.onnx_runtime.OnnxRuntimeUnavailableError
+        When onnxruntime, onnx or the provider is missing.
+    uq_perception.onnx_export.OnnxExportError
+        When the export fails or disagrees with the torch model.
+    """
+
+    kind = BackendKind.ONNXRUNTIME
+
+    def __init__(self, model: CenterNetDetector,
+                 provider: ExecutionProvider | str = ExecutionProvider.CPU, threads: int = 1,
+                 cache_dir: str | Path | None = None, gp: LastLayerNTKGP | None = None) -> None:
+        from uq_perception.onnx_export import INPUT_NAME, OUTPUT_NAME, prepare_onnx
+
+        super().__init__(model.to('cpu').eval())
+        self.prepared = prepare_onnx(self.model, provider, threads, cache_dir, gp)
+        self._runner = self.prepared.runner
+        self._names = (INPUT_NAME, [OUTPUT_NAME])
+        d, c = model.embedding_dim, model.num_classes
+        self._widths = [1, 4, d, c]
+
+    @property
+    def device_name(self) -> str:
+        return self._runner.device_name
+
+    def infer(self, image_rgb: np.ndarray, score_threshold: float,
+              max_detections: int) -> Detections:
+        image = np.ascontiguousarray(self.model.image_tensor(image_rgb).numpy())
+        input_name, outputs = self._names
+        packed = self._runner.run({input_name: image}, outputs)[outputs[0]]
+        return self._unpack(torch.from_numpy(packed), self._widths, image_rgb,
+                            score_threshold, max_detections)
+
+
 def create_backend(kind: BackendKind | str, model: CenterNetDetector,
-                   engine_path: str | Path | None = None) -> InferenceBackend:
+                   engine_path: str | Path | None = None, *,
+                   onnx_provider: ExecutionProvider | str = ExecutionProvider.CPU,
+                   onnx_threads: int = 1, onnx_cache_dir: str | Path | None = None,
+                   gp: LastLayerNTKGP | None = None) -> InferenceBackend:
     """Instantiate the backend ``kind`` for ``model``.
+
+    Parameters
+    ----------
+    kind
+        One of :class:`BackendKind`.
+    model
+        The loaded detector.
+    engine_path
+        TensorRT engine (``tensorrt`` only).
+    onnx_provider, onnx_threads, onnx_cache_dir, gp
+        Settings of the ``onnxruntime`` backend (see :class:`OnnxRuntimeBackend`).
 
     Raises
     ------
@@ -316,6 +387,10 @@ def create_backend(kind: BackendKind | str, model: CenterNetDetector,
         On an unknown kind, or a TensorRT request without an engine path.
     BackendUnavailableError
         When the machine cannot run the backend (no CUDA, no torch-tensorrt, no engine).
+    uq_perception.onnx_runtime.OnnxRuntimeUnavailableError
+        When ``onnxruntime`` lacks the package or the provider.
+    uq_perception.onnx_export.OnnxExportError
+        When the ONNX export fails its checks.
     """
     try:
         kind = BackendKind(kind)
@@ -326,4 +401,38 @@ def create_backend(kind: BackendKind | str, model: CenterNetDetector,
         if engine_path is None:
             raise ValueError('backend tensorrt needs an engine path (engine_path)')
         return TensorRTBackend(model, engine_path)
+    if kind == BackendKind.ONNXRUNTIME:
+        return OnnxRuntimeBackend(model, onnx_provider, onnx_threads, onnx_cache_dir, gp)
     return TorchBackend(model, kind)
+
+
+def create_backend_with_fallback(kind: BackendKind | str, model: CenterNetDetector,
+                                 engine_path: str | Path | None = None, *,
+                                 onnx_provider: ExecutionProvider | str = ExecutionProvider.CPU,
+                                 onnx_threads: int = 1,
+                                 onnx_cache_dir: str | Path | None = None,
+                                 gp: LastLayerNTKGP | None = None
+                                 ) -> tuple[InferenceBackend, str]:
+    """:func:`create_backend`, except that ``onnxruntime`` on the CPU provider falls back to
+    ``pytorch-cpu`` when onnxruntime is missing or the export fails its checks.
+
+    Returns
+    -------
+    tuple[InferenceBackend, str]
+        The backend, and why it is not the one asked for ('' when it is): one line for
+        the log.
+    """
+    from uq_perception.onnx_export import OnnxExportError
+    from uq_perception.onnx_runtime import parse_provider
+
+    try:
+        return create_backend(kind, model, engine_path, onnx_provider=onnx_provider,
+                              onnx_threads=onnx_threads, onnx_cache_dir=onnx_cache_dir,
+                              gp=gp), ''
+    except (OnnxRuntimeUnavailableError, OnnxExportError) as exc:
+        # A GPU provider is an explicit choice: its absence is an error, not a fallback.
+        if parse_provider(onnx_provider) is not ExecutionProvider.CPU:
+            raise
+        reason = ' '.join(str(exc).split())
+        return TorchBackend(model, BackendKind.PYTORCH_CPU), (
+            f'backend onnxruntime unusable, running pytorch-cpu instead: {reason}')

@@ -18,7 +18,6 @@ import hashlib
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from uq_common.file_kind import describe_file
+from uq_perception.contract import Detections
 
 STRIDE = 4
 # The backbone downsamples four times by 2 and the neck upsamples back to stride 4, so
@@ -48,31 +48,6 @@ EMBEDDING_ACTIVATIONS = {
 # Bounds on the predicted log-size (in feature cells) keep exp() finite for any input.
 _LOG_SIZE_MIN = -2.0
 _LOG_SIZE_MAX = 6.0
-
-
-@dataclass(frozen=True)
-class Detections:
-    """Detections of one image, in the original image's pixel coordinates.
-
-    Attributes
-    ----------
-    boxes : np.ndarray
-        ``(K, 4)`` float32 ``center_x, center_y, width, height`` in pixels.
-    scores : np.ndarray
-        ``(K,)`` float32 objectness in ``[0, 1]``, sorted in descending order.
-    embeddings : np.ndarray
-        ``(K, D)`` float32 embedding ``phi`` that the classification head consumes.
-    logits : np.ndarray
-        ``(K, C)`` float32 class logits, ``head(embeddings)``.
-    """
-
-    boxes: np.ndarray
-    scores: np.ndarray
-    embeddings: np.ndarray
-    logits: np.ndarray
-
-    def __len__(self) -> int:
-        return int(self.scores.shape[0])
 
 
 class _ConvBNReLU(nn.Sequential):

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from uq_perception.backends import InferenceBackend
 from uq_perception.box_uncertainty import box_std, cell_size
-from uq_perception.detector import Detections
+from uq_perception.contract import Detections, DetectorContract
 from uq_perception.ntk import LastLayerNTKGP, UncertaintyOutput
 from uq_perception.tracking import IoUTracker
 
@@ -77,21 +76,22 @@ class UncertaintyPerception:
     Parameters
     ----------
     backend
-        Runs the detector network.
+        Runs the detector network: any detector of the contract (the shipped model's
+        backends, an ONNX detector).
     gp
-        The NTK-GP fitted on the detector's embeddings (same feature dimension).
+        The NTK-GP fitted on the detector's features ``phi`` (same feature dimension).
     score_threshold, max_detections
         Objectness cut and cap per frame.
     tracker
         Track-id assignment; ``None`` gives every detection id -1.
     """
 
-    def __init__(self, backend: InferenceBackend, gp: LastLayerNTKGP,
+    def __init__(self, backend: DetectorContract, gp: LastLayerNTKGP,
                  score_threshold: float = 0.3, max_detections: int = 20,
                  tracker: IoUTracker | None = None) -> None:
-        if backend.model.embedding_dim != gp.feature_dim:
+        if backend.feature_dim != gp.feature_dim:
             raise ValueError(
-                f'detector embedding dimension {backend.model.embedding_dim} does not match '
+                f'detector feature dimension {backend.feature_dim} does not match '
                 f'the GP feature dimension {gp.feature_dim}: the GP was fitted for another '
                 'model')
         self.backend = backend
@@ -109,7 +109,7 @@ class UncertaintyPerception:
         # ones that match its class list.
         uncertainty = self.gp.predict(detections.embeddings)
         stds = box_std(detections.boxes, uncertainty.gp_variance, self.gp.box_calibration,
-                       cell_size(self.backend.model.input_size, image_rgb.shape[:2]))
+                       cell_size(self.backend.input_size, image_rgb.shape[:2]))
         if self.tracker is not None:
             track_ids = self.tracker.update(detections.boxes)
         else:
