@@ -36,6 +36,7 @@ setup(
             'bench.mnist = uq_eval.mnist.commands:bench_mnist',
             'bench.node = uq_eval.benchmarks.commands:bench_node',
             'bench.arbitration = uq_eval.benchmarks.commands:bench_arbitration',
+            'bench.backend = uq_eval.benchmarks.commands:bench_backend',
         ],
     },
 )
