@@ -90,8 +90,12 @@ class ClosedLoop:
         env = env or os.environ | {'ROS_DOMAIN_ID': str(self.domain_id)}
         log = (self.log_dir / f'{name}.log').open('a')
         self._logs.append(log)
+        # A harness's detector starts from the shipped GP in every run: what it learns stays
+        # in memory, never in the user's learnt state under the ROS home (the caller's
+        # arguments, after it, may still say otherwise).
+        own = ['-p', 'persist_learnt_state:=false'] if name == 'detector_node' else []
         command = [sys.executable, '-m', module, '--ros-args', '--params-file',
-                   str(self.config), *self.extra_args.get(name, [])]
+                   str(self.config), *own, *self.extra_args.get(name, [])]
         self.processes[name] = subprocess.Popen(command, env=env, stdout=log,
                                                 stderr=subprocess.STDOUT)
 
