@@ -13,6 +13,10 @@ the loaded model, built on first start, cached and checked against the torch mod
 every start (``uq_perception.onnx_export``); :func:`create_backend_with_fallback` runs
 ``pytorch-cpu`` instead, with the reason, when onnxruntime is missing or the check fails.
 
+``pytorch-cuda`` runs eagerly in FP32 unless :class:`~uq_perception.cuda_graph.CudaOptions`
+ask for CUDA graphs (the network and the GP variance of every candidate replayed as one
+graph), FP16 or preprocessing on the GPU: :mod:`uq_perception.cuda_graph`.
+
 The TensorRT backend runs an engine built on the target by :func:`build_tensorrt_engine`
 (``uq build-engine``) with torch-tensorrt, in FP16. The engine holds only the network: the
 NTK-GP query runs on the host for the (at most ~20) detections of a frame, from the GP's
@@ -39,6 +43,7 @@ from uq_perception.detector import CenterNetDetector, Detections, normalize_imag
 from uq_perception.onnx_runtime import ExecutionProvider, OnnxRuntimeUnavailableError
 
 if TYPE_CHECKING:
+    from uq_perception.cuda_graph import CudaOptions
     from uq_perception.ntk import LastLayerNTKGP
 
 #: Precision every engine is built in (``uq build-engine``).
@@ -367,7 +372,8 @@ def create_backend(kind: BackendKind | str, model: CenterNetDetector,
                    engine_path: str | Path | None = None, *,
                    onnx_provider: ExecutionProvider | str = ExecutionProvider.CPU,
                    onnx_threads: int = 1, onnx_cache_dir: str | Path | None = None,
-                   gp: LastLayerNTKGP | None = None) -> InferenceBackend:
+                   gp: LastLayerNTKGP | None = None,
+                   cuda: CudaOptions | None = None) -> InferenceBackend:
     """Instantiate the backend ``kind`` for ``model``.
 
     Parameters
@@ -380,11 +386,16 @@ def create_backend(kind: BackendKind | str, model: CenterNetDetector,
         TensorRT engine (``tensorrt`` only).
     onnx_provider, onnx_threads, onnx_cache_dir, gp
         Settings of the ``onnxruntime`` backend (see :class:`OnnxRuntimeBackend`).
+    cuda
+        CUDA graph, precision and GPU preprocessing of ``pytorch-cuda``
+        (:class:`uq_perception.cuda_graph.CudaOptions`); with any of them set, ``gp`` is the
+        GP whose variance the graph computes. ``None``: eager FP32.
 
     Raises
     ------
     ValueError
-        On an unknown kind, or a TensorRT request without an engine path.
+        On an unknown kind, a TensorRT request without an engine path, or CUDA options for
+        another backend than ``pytorch-cuda``.
     BackendUnavailableError
         When the machine cannot run the backend (no CUDA, no torch-tensorrt, no engine).
     uq_perception.onnx_runtime.OnnxRuntimeUnavailableError
@@ -397,6 +408,13 @@ def create_backend(kind: BackendKind | str, model: CenterNetDetector,
     except ValueError:
         raise ValueError(f'unknown backend {kind!r}; choose one of '
                          f'{", ".join(k.value for k in BackendKind)}') from None
+    if cuda is not None and not cuda.eager_fp32:
+        if kind != BackendKind.PYTORCH_CUDA:
+            raise ValueError(f'CUDA options ({cuda.describe()}) apply to backend pytorch-cuda, '
+                             f'not {kind.value}')
+        from uq_perception.cuda_graph import CudaGraphBackend
+
+        return CudaGraphBackend(model, cuda, gp)
     if kind == BackendKind.TENSORRT:
         if engine_path is None:
             raise ValueError('backend tensorrt needs an engine path (engine_path)')
@@ -411,7 +429,8 @@ def create_backend_with_fallback(kind: BackendKind | str, model: CenterNetDetect
                                  onnx_provider: ExecutionProvider | str = ExecutionProvider.CPU,
                                  onnx_threads: int = 1,
                                  onnx_cache_dir: str | Path | None = None,
-                                 gp: LastLayerNTKGP | None = None
+                                 gp: LastLayerNTKGP | None = None,
+                                 cuda: CudaOptions | None = None
                                  ) -> tuple[InferenceBackend, str]:
     """:func:`create_backend`, except that ``onnxruntime`` on the CPU provider falls back to
     ``pytorch-cpu`` when onnxruntime is missing or the export fails its checks.
@@ -428,7 +447,7 @@ def create_backend_with_fallback(kind: BackendKind | str, model: CenterNetDetect
     try:
         return create_backend(kind, model, engine_path, onnx_provider=onnx_provider,
                               onnx_threads=onnx_threads, onnx_cache_dir=onnx_cache_dir,
-                              gp=gp), ''
+                              gp=gp, cuda=cuda), ''
     except (OnnxRuntimeUnavailableError, OnnxExportError) as exc:
         # A GPU provider is an explicit choice: its absence is an error, not a fallback.
         if parse_provider(onnx_provider) is not ExecutionProvider.CPU:
