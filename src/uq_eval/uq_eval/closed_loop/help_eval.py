@@ -195,7 +195,8 @@ def run_scenario(recorder: Recorder, scenario: str, duration: float, args: argpa
     recorder.reset(scenario)
     nodes = [
         NodeProcess('detector_node', 'uq_perception.detector_node',
-                    ['--params-file', str(CONFIG / 'detector.yaml'), '-p', 'autostart:=true'],
+                    ['--params-file', str(CONFIG / 'detector.yaml'), '-p', 'autostart:=true',
+                     '-p', 'persist_learnt_state:=false'],
                     workdir / 'detector_node.log', env),
         NodeProcess('ask_for_help_node', 'uq_autonomy.ask_for_help_node',
                     ['--params-file', str(CONFIG / 'ask_for_help.yaml'),
