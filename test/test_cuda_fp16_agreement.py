@@ -40,8 +40,8 @@ def test_fp16_graph_keeps_the_uncertainty_of_fp32_on_a_sim_split():
     pytest.importorskip('mujoco', reason='the split is rendered with MuJoCo')
     from uq_eval.detector.procedural_unknowns import render_procedural_split
     from uq_eval.detector.scoring import matched_objects, safe_auroc
-    from uq_perception.backends import create_backend
-    from uq_perception.cuda_graph import CudaGraphBackend, CudaOptions, Precision
+    from uq_perception.backends import CudaGraphBackend, create_backend
+    from uq_perception.cuda_graph import CudaOptions, Precision
     from uq_perception.detection_metrics import box_iou
     from uq_perception.detection_scoring import OPERATING_MAX_DETECTIONS, OPERATING_THRESHOLD
     from uq_perception.detector import load_detector
@@ -79,7 +79,7 @@ def test_fp16_graph_keeps_the_uncertainty_of_fp32_on_a_sim_split():
         var_ref = gp.gp_variance(reference.embeddings)[matched]
         var_got = gp.gp_variance(got.embeddings)[partner[matched]]
         relative += (np.abs(var_got - var_ref) / var_ref).tolist()
-    assert fp16.graphs_active, fp16.graph_failure
+    assert fp16.runner.graphs_active, fp16.graph_failure
 
     aurocs = {}
     for name, dets in detections.items():

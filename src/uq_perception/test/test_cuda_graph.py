@@ -15,6 +15,7 @@ import torch
 from uq_perception.backends import (
     BackendKind,
     BackendUnavailableError,
+    CudaGraphBackend,
     TorchBackend,
     create_backend,
 )
@@ -22,7 +23,6 @@ from uq_perception.contract import LinearHead
 from uq_perception.cuda_graph import (
     GP_COLUMNS,
     CandidateProgram,
-    CudaGraphBackend,
     CudaOptions,
     DeviceGP,
     Precision,
@@ -259,7 +259,7 @@ def test_graph_backend_agrees_with_the_eager_cuda_backend(model, options):
         assert graphed.last_frame is not None and graphed.last_frame.gp_variance is not None
         np.testing.assert_allclose(graphed.last_frame.gp_variance,
                                    gp.gp_variance(got.embeddings), rtol=1e-3)
-    assert graphed.graphs_active == options.cuda_graph, graphed.graph_failure
+    assert graphed.runner.graphs_active == options.cuda_graph, graphed.graph_failure
     flipped = _frame(*INPUT_SIZE, seed=9)[:, ::-1]  # negative strides
     np.testing.assert_allclose(graphed.infer(flipped, 0.0, 5).embeddings,
                                reference.infer(np.ascontiguousarray(flipped), 0.0, 5).embeddings,
@@ -273,14 +273,14 @@ def test_an_online_label_reaches_the_next_frame_with_the_graph_captured(model):
                                gp)
     image = _frame(*INPUT_SIZE)
     first = backend.infer(image, 0.0, 5)
-    assert backend.graphs_active, backend.graph_failure
-    graph = backend._slots[image.shape].graph
+    assert backend.runner.graphs_active, backend.graph_failure
+    graph = backend.runner.graph_for(image.shape)
     assert graph is not None
     before = backend.last_frame.gp_variance.copy()  # type: ignore[union-attr]
     for i in range(10):
         gp.update(first.embeddings[0], 0, update_id=f'taught-{i}')
     backend.infer(image, 0.0, 5)
-    assert backend._slots[image.shape].graph is graph  # replayed, not captured again
+    assert backend.runner.graph_for(image.shape) is graph  # replayed, not captured again
     after = backend.last_frame.gp_variance  # type: ignore[union-attr]
     assert after[0] < 0.9 * before[0]
     np.testing.assert_allclose(after, gp.gp_variance(first.embeddings), rtol=1e-3)
@@ -289,18 +289,18 @@ def test_an_online_label_reaches_the_next_frame_with_the_graph_captured(model):
 @needs_cuda
 def test_a_failed_capture_is_logged_and_the_network_runs_eagerly(model, caplog):
     backend = CudaGraphBackend(_copy(model), CudaOptions(cuda_graph=True))
-    program = backend._program
+    program = backend.runner.program
 
     def uncapturable(frame: torch.Tensor) -> torch.Tensor:
         packed = program(frame)
         packed.sum().item()  # a host synchronisation: not allowed while capturing
         return packed
 
-    backend._program = uncapturable  # type: ignore[assignment]
+    backend.runner.program = uncapturable  # type: ignore[assignment]
     image = _frame(*INPUT_SIZE)
     with caplog.at_level(logging.WARNING, logger='uq_perception.cuda_graph'):
         got = backend.infer(image, 0.0, 5)
-    assert not backend.graphs_active and 'capture failed' in caplog.text
+    assert not backend.runner.graphs_active and 'capture failed' in caplog.text
     expected = TorchBackend(_copy(model), BackendKind.PYTORCH_CUDA).infer(image, 0.0, 5)
     np.testing.assert_allclose(got.embeddings, expected.embeddings, rtol=1e-4, atol=1e-4)
 

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from uq_perception.candidates import DECODED_OUTPUTS, pack_candidates
-from uq_perception.contract import DetectorContract, LinearHead
+from uq_perception.contract import DetectorContract, LinearHead, check_rgb_image
 from uq_perception.detector import CenterNetDetector, Detections, normalize_images
 from uq_perception.onnx_runtime import ExecutionProvider, OnnxRuntimeUnavailableError
 
@@ -176,6 +176,68 @@ class TorchBackend(InferenceBackend):
             packed = self._transfers.to_host(packed)
         return self._unpack(packed, widths, image_rgb, score_threshold, max_detections)
 
+
+
+class CudaGraphBackend(InferenceBackend):
+    """``pytorch-cuda`` with :class:`~uq_perception.cuda_graph.CudaOptions`: CUDA graphs,
+    FP16, preprocessing on the GPU (:class:`uq_perception.cuda_graph.GraphRunner`).
+
+    Parameters
+    ----------
+    model
+        The loaded detector; it moves to the GPU in float32 (its head and ``decode`` are the
+        reference); an FP16 copy runs the network when asked.
+    options
+        Graph, precision and preprocessing settings.
+    gp
+        The NTK-GP: when given, the variance of every candidate is computed on the device
+        (:attr:`last_frame` holds that of the kept detections).
+
+    Raises
+    ------
+    BackendUnavailableError
+        Without a CUDA GPU.
+    """
+
+    kind = BackendKind.PYTORCH_CUDA
+
+    def __init__(self, model: CenterNetDetector, options: CudaOptions,
+                 gp: LastLayerNTKGP | None = None) -> None:
+        from uq_perception.cuda_graph import DecodedFrame, GraphRunner
+
+        if not torch.cuda.is_available():
+            raise BackendUnavailableError(
+                f'backend pytorch-cuda ({options.describe()}) needs a CUDA GPU and a CUDA '
+                'build of torch; torch.cuda.is_available() is False here (use pytorch-cpu)')
+        super().__init__(model)
+        self.options = options
+        self._device = torch.device('cuda', torch.cuda.current_device())
+        self.model = model.to(self._device).eval()
+        self.runner = GraphRunner(self.model, options, self._device, gp)
+        #: The last frame's detections with the device GP variance of each.
+        self.last_frame: DecodedFrame | None = None
+
+    @property
+    def device_name(self) -> str:
+        return torch.cuda.get_device_name(self._device)
+
+    @property
+    def graph_failure(self) -> str:
+        """Why CUDA graphs are not used ('' while they are, or when not asked for)."""
+        return self.runner.graph_failure
+
+    def infer(self, image_rgb: np.ndarray, score_threshold: float,
+              max_detections: int) -> Detections:
+        from uq_perception.cuda_graph import decode_candidates
+
+        check_rgb_image(image_rgb)
+        # The raw frame for the GPU to resize, or the frame resized on the host.
+        source = image_rgb if self.options.gpu_preprocess \
+            else self.model.image_tensor(image_rgb).numpy()
+        self.last_frame = decode_candidates(self.model, self.runner.run(source),
+                                            self.runner.widths, image_rgb.shape[:2],
+                                            score_threshold, max_detections)
+        return self.last_frame.detections
 
 def _require_tensorrt():
     if not torch.cuda.is_available():
@@ -412,8 +474,6 @@ def create_backend(kind: BackendKind | str, model: CenterNetDetector,
         if kind != BackendKind.PYTORCH_CUDA:
             raise ValueError(f'CUDA options ({cuda.describe()}) apply to backend pytorch-cuda, '
                              f'not {kind.value}')
-        from uq_perception.cuda_graph import CudaGraphBackend
-
         return CudaGraphBackend(model, cuda, gp)
     if kind == BackendKind.TENSORRT:
         if engine_path is None:

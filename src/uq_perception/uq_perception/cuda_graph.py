@@ -3,7 +3,7 @@ holds the preprocessing, the network and the NTK-GP variance of every candidate.
 
 A 1 MB network at 320x240 is hundreds of small kernels; launched one by one from Python
 the GPU idles most of each frame. Captured once in a CUDA graph on static buffers and
-replayed per frame, the whole sequence is one launch. Per frame the backend
+replayed per frame, the whole sequence is one launch. Per frame :class:`GraphRunner`
 
 1. copies the raw ``(H, W, 3)`` uint8 camera frame into a pinned host buffer and uploads it
    asynchronously (a quarter of the bytes of a float32 image);
@@ -11,13 +11,14 @@ replayed per frame, the whole sequence is one launch. Per frame the backend
    (:func:`resize_normalise`), the network, the top-K candidates, and the GP variance of
    every candidate from the GP's matrices held in device buffers (:class:`DeviceGP`);
 3. downloads the packed candidates (one row per candidate: score, box, ``phi``, logits, GP
-   variance, expert) into pinned memory, with one synchronisation, and decodes them on the
-   host with the detector's own ``decode``.
+   variance, expert) into pinned memory, with one synchronisation; the backend
+   (``backends.CudaGraphBackend``) decodes them on the host with the detector's own
+   ``decode`` (:func:`decode_candidates`).
 
 An online label update changes the GP's matrices, not the graph: :meth:`DeviceGP.sync`
 copies them into the same device buffers before each replay when they changed, so the next
 frame uses them without a new capture. When a capture fails (a driver or an operation that
-cannot be captured) the backend logs why and runs the same sequence eagerly.
+cannot be captured) the runner logs why and runs the same sequence eagerly.
 
 Precision follows the TensorRT engine's rule (``backends.ENGINE_PRECISION``): in ``fp16``
 the network's weights and input are float16; its outputs are read as float32, and the GP
@@ -25,7 +26,8 @@ variance is computed in float32 from them, never in float16.
 
 The building blocks (:func:`resize_normalise`, :class:`DeviceGP`, :class:`CandidateProgram`,
 :func:`decode_candidates`) are plain torch and run on any device, so their logic is tested
-on the CPU; :class:`CudaGraphBackend` needs CUDA.
+on the CPU; :class:`GraphRunner` needs CUDA. This module does not import
+``uq_perception.backends``: the backend there builds on it.
 """
 
 from __future__ import annotations
@@ -41,9 +43,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from uq_perception.backends import BackendKind, BackendUnavailableError, InferenceBackend
 from uq_perception.candidates import pack_candidates
-from uq_perception.contract import Detections, LinearHead, check_rgb_image
+from uq_perception.contract import Detections, LinearHead
 from uq_perception.detector import CenterNetDetector, normalize_images
 from uq_perception.ntk import Gating, gp_variance_torch
 
@@ -330,7 +331,7 @@ def decode_candidates(model: CenterNetDetector, packed: torch.Tensor, widths: li
 
 
 class _FrameSlot:
-    """Static buffers (pinned host input, device input) and the graph of one frame size."""
+    """Static buffers (pinned host input, device input) and the graph of one input shape."""
 
     def __init__(self, host: torch.Tensor, device_input: torch.Tensor) -> None:
         self.host = host
@@ -339,68 +340,58 @@ class _FrameSlot:
         self.output: torch.Tensor | None = None
 
 
-class CudaGraphBackend(InferenceBackend):
-    """``pytorch-cuda`` with CUDA graphs, GPU preprocessing and FP16 (:class:`CudaOptions`).
+class GraphRunner:
+    """Runs a :class:`CandidateProgram` on a CUDA device, one frame at a time: pinned
+    upload, the GP buffers refreshed, graph replay (or the eager program), pinned download.
+
+    One graph is captured per input shape, on that shape's first frame (which pays for
+    the capture); at most :data:`MAX_CAPTURED_SIZES` are kept.
 
     Parameters
     ----------
     model
-        The loaded detector; it moves to the GPU in float32 (its head and ``decode`` are
-        the reference); an FP16 copy runs the network when asked.
+        The float32 detector on ``device``: its head routes class gating and is the GP's.
     options
         Graph, precision and preprocessing settings.
+    device
+        The CUDA device.
     gp
-        The NTK-GP: when given, the variance of every candidate is computed on the device
-        (:attr:`last_frame` holds that of the kept detections).
-
-    Raises
-    ------
-    BackendUnavailableError
-        Without a CUDA GPU.
+        The NTK-GP whose variance the program computes for every candidate, or ``None``.
     """
 
-    kind = BackendKind.PYTORCH_CUDA
-
-    def __init__(self, model: CenterNetDetector, options: CudaOptions = CudaOptions(),
+    def __init__(self, model: CenterNetDetector, options: CudaOptions, device: torch.device,
                  gp: LastLayerNTKGP | None = None) -> None:
-        if not torch.cuda.is_available():
-            raise BackendUnavailableError(
-                f'backend pytorch-cuda ({options.describe()}) needs a CUDA GPU and a CUDA '
-                'build of torch; torch.cuda.is_available() is False here (use pytorch-cpu)')
-        super().__init__(model)
         self.options = options
-        self._device = torch.device('cuda', torch.cuda.current_device())
-        self.model = model.to(self._device).eval()
+        self.device = device
         dtype = torch.float16 if options.precision is Precision.FP16 else torch.float32
         # The caller's model stays float32: its head is the GP's.
-        network = copy.deepcopy(self.model).half() if dtype == torch.float16 else self.model
-        self.device_gp = DeviceGP(gp, self.head(), self._device) if gp is not None else None
-        self._program = CandidateProgram(network, self.model.input_size, dtype,
-                                         options.gpu_preprocess, self.device_gp)
-        self._widths = self._program.widths(self.model.embedding_dim, self.model.num_classes)
+        network = copy.deepcopy(model).half() if dtype == torch.float16 else model
+        head = LinearHead(model.head.weight.detach().to('cpu', torch.float32).numpy(),
+                          model.head.bias.detach().to('cpu', torch.float32).numpy())
+        self.device_gp = DeviceGP(gp, head, device) if gp is not None else None
+        self.program = CandidateProgram(network, model.input_size, dtype,
+                                        options.gpu_preprocess, self.device_gp)
+        self.widths = self.program.widths(model.embedding_dim, model.num_classes)
         self._slots: OrderedDict[tuple[int, ...], _FrameSlot] = OrderedDict()
         self._download: torch.Tensor | None = None
         #: Why graphs are not used ('' while they are, or when not asked for).
         self.graph_failure = ''
-        #: The last frame's decoded detections with their device GP variance.
-        self.last_frame: DecodedFrame | None = None
-
-    @property
-    def device_name(self) -> str:
-        return torch.cuda.get_device_name(self._device)
 
     @property
     def graphs_active(self) -> bool:
-        """Whether frames replay captured graphs (asked for, and no capture failed)."""
+        """Whether new input shapes are captured (asked for, and no capture failed)."""
         return self.options.cuda_graph and not self.graph_failure
 
+    def graph_for(self, shape: tuple[int, ...]) -> torch.cuda.CUDAGraph | None:
+        """The captured graph of an input shape, if any."""
+        slot = self._slots.get(tuple(shape))
+        return None if slot is None else slot.graph
+
     @torch.inference_mode()
-    def infer(self, image_rgb: np.ndarray, score_threshold: float,
-              max_detections: int) -> Detections:
-        check_rgb_image(image_rgb)
-        # The raw frame, or the frame resized on the host: (1, 3, h, w) uint8.
-        source = image_rgb if self.options.gpu_preprocess \
-            else self.model.image_tensor(image_rgb).numpy()
+    def run(self, source: np.ndarray) -> torch.Tensor:
+        """Packed candidates (``(1, K, sum(widths))`` float32, pinned host memory, valid
+        until the next call) of one input: the raw ``(H, W, 3)`` uint8 frame with GPU
+        preprocessing, else the host-resized ``(1, 3, h, w)`` uint8 image."""
         slot = self._slot(source)
         # copyto takes any strides (a flipped or cropped view) straight into pinned memory.
         np.copyto(slot.host.numpy(), source)
@@ -412,15 +403,14 @@ class CudaGraphBackend(InferenceBackend):
             packed = slot.output
             assert packed is not None  # captured with the graph
         else:
-            packed = self._program(slot.device_input)
-        self.last_frame = decode_candidates(self.model, self._to_host(packed), self._widths,
-                                            image_rgb.shape[:2], score_threshold,
-                                            max_detections)
-        return self.last_frame.detections
+            packed = self.program(slot.device_input)
+        if self._download is None or self._download.shape != packed.shape:
+            self._download = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+        self._download.copy_(packed, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return self._download
 
     def _slot(self, source: np.ndarray) -> _FrameSlot:
-        """The buffers (and graph) of ``source``'s shape; a new shape is captured on its
-        first frame, which pays for the capture."""
         key = tuple(source.shape)
         slot = self._slots.get(key)
         if slot is not None:
@@ -429,7 +419,7 @@ class CudaGraphBackend(InferenceBackend):
         if len(self._slots) >= MAX_CAPTURED_SIZES:
             self._slots.popitem(last=False)
         slot = _FrameSlot(torch.empty(key, dtype=torch.uint8, pin_memory=True),
-                          torch.empty(key, dtype=torch.uint8, device=self._device))
+                          torch.empty(key, dtype=torch.uint8, device=self.device))
         # The capture's warm-up runs on this frame.
         np.copyto(slot.host.numpy(), source)
         slot.device_input.copy_(slot.host)
@@ -440,28 +430,21 @@ class CudaGraphBackend(InferenceBackend):
 
     def _capture(self, slot: _FrameSlot, key: tuple[int, ...]) -> None:
         """Capture the program on ``slot``'s buffers; on failure log once and run eagerly."""
-        current = torch.cuda.current_stream(self._device)
-        side = torch.cuda.Stream(self._device)
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
         try:
             side.wait_stream(current)
             with torch.cuda.stream(side):
                 for _ in range(CAPTURE_WARMUP_RUNS):
-                    self._program(slot.device_input)
+                    self.program(slot.device_input)
             current.wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                output = self._program(slot.device_input)
+                output = self.program(slot.device_input)
         except Exception as exc:  # noqa: BLE001 - any capture failure falls back to eager
-            torch.cuda.synchronize(self._device)
+            torch.cuda.synchronize(self.device)
             self.graph_failure = f'{type(exc).__name__}: {" ".join(str(exc).split())}'
             logger.warning('CUDA graph capture failed for input %s (%s); running the '
                            'network eagerly', 'x'.join(map(str, key)), self.graph_failure)
             return
         slot.graph, slot.output = graph, output
-
-    def _to_host(self, packed: torch.Tensor) -> torch.Tensor:
-        if self._download is None or self._download.shape != packed.shape:
-            self._download = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
-        self._download.copy_(packed, non_blocking=True)
-        torch.cuda.current_stream(self._device).synchronize()
-        return self._download

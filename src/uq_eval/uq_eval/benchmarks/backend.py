@@ -33,6 +33,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -218,9 +219,9 @@ def _environment(threads: int, variants: list[Variant]) -> dict[str, Any]:
         'devices': sorted({v.backend.device_name for v in variants}),
     }
     try:
-        import onnxruntime
-        env['onnxruntime'] = onnxruntime.__version__
-    except ImportError:
+        # The installed version, without importing the runtime (the backends import it).
+        env['onnxruntime'] = metadata.version('onnxruntime')
+    except metadata.PackageNotFoundError:
         env['onnxruntime'] = None
     return env
 
