@@ -134,7 +134,7 @@ def test_load_split_errors(dataset, tmp_path):
     (missing / 'annotations.json').write_text(json.dumps({
         'images': [{'id': 1, 'file_name': 'images/000001.png', 'width': 320,
                     'height': 240}], 'annotations': [], 'categories': CATEGORIES}))
-    with pytest.raises(ValueError, match='cannot read image'):
+    with pytest.raises(ValueError, match='image files not found'):
         load_split(missing)
 
 

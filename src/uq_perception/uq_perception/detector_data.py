@@ -1,17 +1,19 @@
 """COCO detection splits for the detector: loading, training targets, augmentation (ROS-free).
 
-A split directory holds ``annotations.json`` (COCO with the extra per-object fields
-``occluded``, ``truncated`` and ``visible_fraction`` that ``uq sim dataset`` writes) and
-the images it names. Categories with ``supercategory == 'known'`` are the detector's
-classes, in the order of their ids; every other category is an object the detector must
-still find (objectness) but has no class for. Those with ``supercategory == 'auxiliary'``
-are training-time "other objects": the class head is taught that they are none of the
-known classes (outlier exposure, label :data:`OUTLIER_LABEL`).
+A split of ``uq sim dataset`` is a directory with ``annotations.json`` (COCO with the extra
+per-object fields ``occluded``, ``truncated`` and ``visible_fraction``) and the images it
+names; any other COCO instances file (CVAT, Label Studio, FiftyOne, ``uq labels export``)
+is split into training and validation images at random (:class:`CocoTrainingData`). Files
+are read and checked by :mod:`uq_perception.coco_data`. The detector's classes are the
+categories that are neither ``unknown`` nor ``auxiliary`` by supercategory (the simulator's
+have supercategory ``known``), in the order of their ids; objects of ``unknown`` categories
+must still be found (objectness) but have no class. ``auxiliary`` ones are training-time
+"other objects": the class head is taught that they are none of the known classes (outlier
+exposure, label :data:`OUTLIER_LABEL`).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,10 +22,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from uq_perception.coco_data import (
+    CategoryRole,
+    CocoDataset,
+    category_roles,
+    read_coco,
+    read_image,
+    split_indices,
+)
 from uq_perception.detector import STRIDE
 
-KNOWN_SUPERCATEGORY = 'known'
-AUXILIARY_SUPERCATEGORY = 'auxiliary'
 # Class target of an auxiliary object: "none of the known classes". -1 means no class
 # target at all (unknown, occluded or tiny objects).
 OUTLIER_LABEL = -2
@@ -116,10 +124,70 @@ class DetectionSplit:
         return int(sum(len(b) for b in self.boxes))
 
 
+def split_from_coco(dataset: CocoDataset, name: str, input_size: tuple[int, int] = (240, 320),
+                    class_names: Sequence[str] | None = None,
+                    indices: Sequence[int] | None = None) -> DetectionSplit:
+    """Read the images of a checked COCO file and resize them (and their boxes).
+
+    Parameters
+    ----------
+    dataset : CocoDataset
+        From :func:`uq_perception.coco_data.read_coco`.
+    name : str
+        Name of the split.
+    input_size : tuple[int, int]
+        ``(height, width)`` to resize images to.
+    class_names : Sequence[str] | None
+        Expected classes (a trained model's); the file's classes must be exactly these.
+    indices : Sequence[int] | None
+        Positions of the images to read (default: all, in id order).
+
+    Raises
+    ------
+    ValueError
+        If an image cannot be read or is not the size the file states
+        (:class:`~uq_perception.coco_data.CocoFormatError`), or the file's classes differ
+        from ``class_names``.
+    """
+    import cv2  # deferred: keeps `uq --help` fast
+
+    roles, names = category_roles(dataset)
+    if class_names is not None and list(class_names) != names:
+        raise ValueError(f'{dataset.annotations_path}: known classes {names} differ from the '
+                         f'model\'s {list(class_names)}')
+    chosen = [dataset.images[i] for i in (range(len(dataset)) if indices is None
+                                          else indices)]
+    height, width = input_size
+    pixels = np.empty((len(chosen), height, width, 3), dtype=np.uint8)
+    boxes, labels, categories, occluded, truncated, auxiliary = [], [], [], [], [], []
+    for n, image in enumerate(chosen):
+        rgb = read_image(image)
+        if rgb.shape[:2] != (height, width):
+            rgb = cv2.resize(rgb, (width, height), interpolation=cv2.INTER_AREA)
+        pixels[n] = rgb
+        sx, sy = width / image.width, height / image.height
+        # Crowd regions (iscrowd) are groups, not objects: no centre to teach or find.
+        single = ~image.crowd
+        boxes.append((image.boxes[single] * np.array([sx, sy, sx, sy], np.float32)
+                      ).astype(np.float32))
+        role = [roles[int(c)] for c in image.category_ids[single]]
+        labels.append(np.array([index for _, index in role], dtype=np.int64))
+        auxiliary.append(np.array([r is CategoryRole.AUXILIARY for r, _ in role], dtype=bool))
+        categories.append(image.category_ids[single])
+        occluded.append(image.occluded[single])
+        truncated.append(image.truncated[single])
+    return DetectionSplit(
+        name=name, images=pixels,
+        image_ids=np.array([image.id for image in chosen], dtype=np.int64),
+        boxes=boxes, labels=labels, category_ids=categories, occluded=occluded,
+        truncated=truncated, auxiliary=auxiliary, class_names=names,
+        category_names={c.id: c.name for c in dataset.categories.values()})
+
+
 def load_split(split_dir: str | Path, input_size: tuple[int, int] = (240, 320),
                class_names: Sequence[str] | None = None,
                max_images: int | None = None) -> DetectionSplit:
-    """Read a COCO split and resize its images (and boxes) to ``input_size``.
+    """Read a split directory of ``uq sim dataset`` and resize its images (and boxes).
 
     Parameters
     ----------
@@ -138,72 +206,65 @@ def load_split(split_dir: str | Path, input_size: tuple[int, int] = (240, 320),
         If the annotation file or an image is missing or malformed, or the known classes
         differ from ``class_names``.
     """
-    import cv2  # deferred: keeps `uq --help` fast
-
     split_dir = Path(split_dir)
     ann_path = split_dir / 'annotations.json'
     if not ann_path.is_file():
         raise ValueError(f'no annotations.json in {split_dir}; generate data with '
                          f'`uq sim dataset --out DIR`')
-    try:
-        coco = json.loads(ann_path.read_text())
-        categories = {int(c['id']): (str(c['name']), str(c.get('supercategory', '')))
-                      for c in coco['categories']}
-        images = sorted(coco['images'], key=lambda im: int(im['id']))
-        annotations = coco['annotations']
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f'{ann_path} is not a COCO annotation file: {exc}') from exc
-    known_ids = sorted(i for i, (_, sup) in categories.items() if sup == KNOWN_SUPERCATEGORY)
-    auxiliary_ids = {i for i, (_, sup) in categories.items() if sup == AUXILIARY_SUPERCATEGORY}
-    names = [categories[i][0] for i in known_ids]
-    if not names:
-        raise ValueError(f'{ann_path} has no categories with supercategory '
-                         f'{KNOWN_SUPERCATEGORY!r}')
-    if class_names is not None and list(class_names) != names:
-        raise ValueError(f'{ann_path}: known classes {names} differ from the model\'s '
-                         f'{list(class_names)}')
-    label_of = {cid: k for k, cid in enumerate(known_ids)}
-    if max_images is not None:
-        images = images[:max_images]
-    per_image: dict[int, list[dict]] = {int(im['id']): [] for im in images}
-    for ann in annotations:
-        image_id = int(ann['image_id'])
-        if image_id in per_image:
-            per_image[image_id].append(ann)
+    return split_from_coco(read_coco(ann_path, max_images=max_images), split_dir.name,
+                           input_size, class_names)
 
-    height, width = input_size
-    pixels = np.empty((len(images), height, width, 3), dtype=np.uint8)
-    boxes, labels, cats, occluded, truncated, auxiliary = [], [], [], [], [], []
-    for n, im in enumerate(images):
-        path = split_dir / im['file_name']
-        bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)
-        if bgr is None:
-            raise ValueError(f'cannot read image {path}')
-        src_h, src_w = bgr.shape[:2]
-        if (src_h, src_w) != (height, width):
-            bgr = cv2.resize(bgr, (width, height), interpolation=cv2.INTER_AREA)
-        pixels[n] = bgr[:, :, ::-1]
-        sx, sy = width / src_w, height / src_h
-        anns = per_image[int(im['id'])]
-        xywh = np.array([a['bbox'] for a in anns], dtype=np.float32).reshape(-1, 4)
-        boxes.append(np.stack([(xywh[:, 0] + xywh[:, 2] / 2) * sx,
-                               (xywh[:, 1] + xywh[:, 3] / 2) * sy,
-                               xywh[:, 2] * sx, xywh[:, 3] * sy], axis=1).astype(np.float32))
-        cat = np.array([int(a['category_id']) for a in anns], dtype=np.int64)
-        missing = set(cat.tolist()) - set(categories)
-        if missing:
-            raise ValueError(f'{ann_path}: annotations use undeclared categories {missing}')
-        cats.append(cat)
-        labels.append(np.array([label_of.get(int(c), -1) for c in cat], dtype=np.int64))
-        occluded.append(np.array([bool(a.get('occluded', False)) for a in anns], dtype=bool))
-        truncated.append(np.array([bool(a.get('truncated', False)) for a in anns], dtype=bool))
-        auxiliary.append(np.isin(cat, list(auxiliary_ids)))
-    return DetectionSplit(
-        name=split_dir.name, images=pixels,
-        image_ids=np.array([int(im['id']) for im in images], dtype=np.int64),
-        boxes=boxes, labels=labels, category_ids=cats, occluded=occluded,
-        truncated=truncated, auxiliary=auxiliary, class_names=names,
-        category_names={i: n for i, (n, _) in categories.items()})
+
+@dataclass(frozen=True)
+class CocoTrainingData:
+    """One COCO instances file (CVAT, Label Studio, FiftyOne, ``uq labels export``) split
+    into training and validation images at random.
+
+    Attributes
+    ----------
+    annotations : Path
+        The instances JSON.
+    images : Path | None
+        Folder of its images (None: looked for beside the JSON, see
+        :mod:`uq_perception.coco_data`).
+    val_fraction : float
+        Fraction of the images held out for validation, in ``(0, 1)``.
+    seed : int
+        Seed of the split.
+    """
+
+    annotations: Path
+    images: Path | None = None
+    val_fraction: float = 0.2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f'val_fraction must be in (0, 1), got {self.val_fraction}')
+        if self.seed < 0:
+            raise ValueError(f'seed must be >= 0, got {self.seed}')
+
+
+def load_coco_splits(data: CocoTrainingData, input_size: tuple[int, int] = (240, 320),
+                     class_names: Sequence[str] | None = None, max_images: int | None = None
+                     ) -> tuple[DetectionSplit, DetectionSplit, CocoDataset]:
+    """The training and validation splits of ``data`` at ``input_size``, and the checked file.
+
+    Every category is a class unless marked unknown or auxiliary by its supercategory
+    (:func:`uq_perception.coco_data.category_roles`); with ``class_names`` (a trained
+    model's) the file's classes must be exactly these.
+
+    Raises
+    ------
+    ValueError
+        On a malformed file or image (:class:`~uq_perception.coco_data.CocoFormatError`),
+        fewer than 2 images, or classes that differ from ``class_names``.
+    """
+    dataset = read_coco(data.annotations, data.images, max_images)
+    train_index, val_index = split_indices(len(dataset), data.val_fraction, data.seed)
+    train = split_from_coco(dataset, 'train', input_size, class_names, train_index.tolist())
+    val = split_from_coco(dataset, 'val', input_size, train.class_names, val_index.tolist())
+    return train, val, dataset
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """Training of the CenterNet detector and fitting of its NTK-GP (ROS-free).
 
 :func:`run_training` (behind ``uq train --data DIR --out models/``) trains the detector on
-``DIR/train`` (CPU, fixed seed), checks it on ``DIR/val``, extracts the embeddings of the
+``DIR/train`` (CPU, fixed seed), or on the training part of a COCO instances file
+(:class:`~uq_perception.detector_data.CocoTrainingData`, ``uq train --coco FILE``), checks
+it on the validation split, extracts the embeddings of the
 known objects of ``DIR/train`` (from the detections that find them, as at inference), fits
 the last-layer NTK-GP on the classification head, chooses the gating (number of experts)
 on held-out validation NLL, calibrates the probit factor, temperature and OOD threshold on
@@ -13,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -26,8 +28,9 @@ from uq_perception.model_files import DETECTOR_FILE, GP_FILE
 if TYPE_CHECKING:
     import torch
 
+    from uq_perception.contract import LinearHead
     from uq_perception.detector import CenterNetDetector
-    from uq_perception.detector_data import DetectionSplit, Targets
+    from uq_perception.detector_data import CocoTrainingData, DetectionSplit, Targets
     from uq_perception.ntk import LastLayerNTKGP
 
 # Validation NLLs closer than this count as equal; the gating with fewer experts wins.
@@ -69,9 +72,13 @@ class TrainConfig:
         leave the rest of the sphere to the GP's high-variance region (0: off). On the
         format-3 data, 0.5 raised the GP-variance AUROC of unknown objects from 0.944 to
         0.955 (detection AP 0.936 -> 0.916); 2.0 lowered it to 0.930 (models/MODEL_CARD.md).
+    input_size : tuple[int, int]
+        ``(height, width)`` of the network input (multiples of 16); images of another size
+        are resized to it.
     crop : tuple[int, int] | None
-        ``(height, width)`` of random training crops (multiples of 16; None: whole
-        images). Crops make a step cheaper; objects keep their scale.
+        ``(height, width)`` of random training crops (multiples of 16, at most
+        ``input_size``; None: whole images). Crops make a step cheaper; objects keep their
+        scale.
     box_jitter : bool
         Read the training embeddings inside randomly perturbed ground-truth boxes (see
         :func:`uq_perception.detector_data.jitter_boxes`).
@@ -95,6 +102,7 @@ class TrainConfig:
     outlier_weight: float = 0.5
     separation_weight: float = 1.0
     compactness_weight: float = 0.5
+    input_size: tuple[int, int] = (240, 320)
     crop: tuple[int, int] | None = (160, 224)
     box_jitter: bool = True
     seed: int = 0
@@ -111,9 +119,15 @@ class TrainConfig:
                      'compactness_weight'):
             if not getattr(self, name) >= 0:
                 raise ValueError(f'{name} must be >= 0, got {getattr(self, name)}')
+        if len(self.input_size) != 2 or any(s < 16 or s % 16 for s in self.input_size):
+            raise ValueError(f'input_size must be (height, width), multiples of 16, got '
+                             f'{self.input_size}')
         if self.crop is not None and (len(self.crop) != 2 or any(
                 c < 16 or c % 16 for c in self.crop)):
             raise ValueError(f'crop must be (height, width), multiples of 16, got {self.crop}')
+        if self.crop is not None and any(c > s for c, s in zip(self.crop, self.input_size,
+                                                               strict=True)):
+            raise ValueError(f'crop {self.crop} is larger than input_size {self.input_size}')
 
 
 def _log(message: str) -> None:
@@ -404,8 +418,9 @@ class GPCandidate:
     validation_nll: float
 
 
-def fit_gp(model: CenterNetDetector, model_id: str, train_features: np.ndarray,
-           train_labels: np.ndarray, val_features: np.ndarray, val_labels: np.ndarray,
+def fit_gp(head: LinearHead, class_names: Sequence[str], model_id: str,
+           train_features: np.ndarray, train_labels: np.ndarray, val_features: np.ndarray,
+           val_labels: np.ndarray,
            candidates: tuple[tuple[str, int], ...] = (('kmeans', 1), ('kmeans', 4),
                                                       ('class', 0)),
            seed: int = 0, log: Any = _log) -> tuple[LastLayerNTKGP, list[GPCandidate]]:
@@ -417,8 +432,19 @@ def fit_gp(model: CenterNetDetector, model_id: str, train_features: np.ndarray,
     :data:`NLL_TIE` nats of the lowest NLL) is recalibrated on all validation embeddings,
     including its OOD threshold.
 
+    The same fit serves any detector of the detector contract (``uq gp fit``): it sees only
+    the linear head, the class names and the features.
+
     Parameters
     ----------
+    head : LinearHead
+        The classification head ``logits = W phi + b`` the features feed.
+    class_names : Sequence[str]
+        Its classes, in logit order.
+    model_id : str
+        Identity of the network; the GP state records it.
+    train_features, train_labels, val_features, val_labels : np.ndarray
+        ``(N, D)`` features and ``(N,)`` class indices of known objects.
     candidates : tuple[tuple[str, int], ...]
         ``(gating, num_experts)`` pairs; class gating uses one expert per class (pass 0).
     """
@@ -427,24 +453,33 @@ def fit_gp(model: CenterNetDetector, model_id: str, train_features: np.ndarray,
 
     if len(val_labels) < 4:
         raise ValueError('need at least 4 validation objects to choose the GP gating')
-    weight = model.head.weight.detach().cpu().numpy()
-    bias = model.head.bias.detach().cpu().numpy()
+    weight = np.asarray(head.weight, np.float64)
+    bias = np.asarray(head.bias, np.float64)
+    names = list(class_names)
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(val_labels))
     half_a, half_b = order[: len(order) // 2], order[len(order) // 2:]
 
     def build(gating: str, experts: int) -> LastLayerNTKGP:
         mode = Gating(gating)
-        config = NTKGPConfig(num_experts=len(model.class_names) if mode is Gating.CLASS
+        config = NTKGPConfig(num_experts=len(names) if mode is Gating.CLASS
                              else experts, gating=mode, seed=seed)
-        gp = LastLayerNTKGP(weight, bias, config=config, class_names=model.class_names,
+        gp = LastLayerNTKGP(weight, bias, config=config, class_names=names,
                             model_id=model_id)
         return gp.fit(train_features, train_labels)
 
     if not candidates:
         raise ValueError('need at least one GP gating candidate')
+    # k-means needs a training object per expert; fewer objects leave such a gating out.
+    usable = [(g, e) for g, e in candidates
+              if Gating(g) is Gating.CLASS or e <= len(train_labels)]
+    if not usable:
+        raise ValueError(f'{len(train_labels)} training objects are too few for any GP gating '
+                         f'of {list(candidates)}')
+    for gating, experts in sorted(set(candidates) - set(usable)):
+        log(f'NTK-GP {gating} x{experts} left out: only {len(train_labels)} training objects')
     scored: list[GPCandidate] = []
-    for gating, experts in candidates:
+    for gating, experts in usable:
         gp = build(gating, experts)
         gp.calibrate_probabilities(val_features[half_a], val_labels[half_a])
         score = nll(gp.predict(val_features[half_b]).probabilities, val_labels[half_b])
@@ -460,15 +495,27 @@ def fit_gp(model: CenterNetDetector, model_id: str, train_features: np.ndarray,
     return gp, scored
 
 
-def _commit_of(path: Path) -> str:
+def source_commit() -> str:
+    """The git commit of the checkout holding this code (provenance), or ``unknown``."""
     import subprocess
 
+    path = Path(__file__).resolve().parent
     try:
         out = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=path, capture_output=True,
                              text=True, timeout=10, check=False)
     except OSError:
         return 'unknown'
     return out.stdout.strip() or 'unknown'
+
+
+def linear_head(model: CenterNetDetector) -> LinearHead:
+    """The detector's classification head as the contract states it (``W``, ``b``)."""
+    import torch
+
+    from uq_perception.contract import LinearHead
+
+    return LinearHead(model.head.weight.detach().to('cpu', torch.float32).numpy(),
+                      model.head.bias.detach().to('cpu', torch.float32).numpy())
 
 
 def _fit_gp_on_splits(model: CenterNetDetector, model_id: str, train: DetectionSplit,
@@ -479,8 +526,8 @@ def _fit_gp_on_splits(model: CenterNetDetector, model_id: str, train: DetectionS
 
     train_phi, train_y = object_embeddings(model, train, progress=progress)
     val_phi, val_y = object_embeddings(model, val, progress=progress)
-    gp, candidates = fit_gp(model, model_id, train_phi, train_y, val_phi, val_y, seed=seed,
-                            log=log)
+    gp, candidates = fit_gp(linear_head(model), model.class_names, model_id, train_phi, train_y,
+                            val_phi, val_y, seed=seed, log=log)
     box = calibrate_box_uncertainty(model, gp, val, OPERATING_THRESHOLD,
                                     OPERATING_MAX_DETECTIONS, progress=progress)
     if box is None:
@@ -500,8 +547,46 @@ def _fit_gp_on_splits(model: CenterNetDetector, model_id: str, train: DetectionS
     return gp, summary
 
 
-def refit_gp(data: Path, out: Path, seed: int = 0, threads: int = 1, progress: bool = True,
-             max_images: int | None = None, log: Any = _log) -> dict[str, Any]:
+def load_training_splits(data: Path | CocoTrainingData, input_size: tuple[int, int],
+                         class_names: Sequence[str] | None = None,
+                         max_images: int | None = None
+                         ) -> tuple[DetectionSplit, DetectionSplit, dict[str, Any]]:
+    """Training and validation splits of ``data`` and its provenance for the model's metadata.
+
+    Parameters
+    ----------
+    data : Path | CocoTrainingData
+        A dataset directory of ``uq sim dataset`` (``train/`` and ``val/``), or a COCO
+        instances file split at random.
+    input_size : tuple[int, int]
+        ``(height, width)`` the images are resized to.
+    class_names : Sequence[str] | None
+        A trained model's classes, which the data's must equal.
+    max_images : int | None
+        Use only the first images of each split (of the file, for COCO data).
+    """
+    from uq_perception.detector_data import CocoTrainingData, load_coco_splits, load_split
+
+    if isinstance(data, CocoTrainingData):
+        train, val, dataset = load_coco_splits(data, input_size, class_names, max_images)
+        provenance: dict[str, Any] = {
+            'annotations': str(data.annotations), 'sha256': dataset.sha256,
+            'images': None if data.images is None else str(data.images),
+            'val_fraction': data.val_fraction, 'split_seed': data.seed}
+    else:
+        train = load_split(data / 'train', input_size, class_names, max_images)
+        val = load_split(data / 'val', input_size, train.class_names, max_images)
+        manifest_path = data / 'dataset.json'
+        manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+        provenance = {'path': str(data), 'seed': manifest.get('seed'), 'n': manifest.get('n'),
+                      'counts': manifest.get('counts')}
+    provenance.update(train_images=len(train), val_images=len(val))
+    return train, val, provenance
+
+
+def refit_gp(data: Path | CocoTrainingData, out: Path, seed: int = 0, threads: int = 1,
+             progress: bool = True, max_images: int | None = None,
+             log: Any = _log) -> dict[str, Any]:
     """Fit the NTK-GP again for the trained ``out/detector.pt`` (weights unchanged).
 
     Rewrites ``detector_gp.npz`` and the GP section of the detector's metadata; the model
@@ -510,12 +595,11 @@ def refit_gp(data: Path, out: Path, seed: int = 0, threads: int = 1, progress: b
     import torch
 
     from uq_perception.detector import load_detector, save_detector
-    from uq_perception.detector_data import load_split
 
     torch.set_num_threads(threads)
     model = load_detector(out / DETECTOR_FILE, fold_batchnorm=False)
-    train = load_split(data / 'train', model.input_size, model.class_names, max_images)
-    val = load_split(data / 'val', model.input_size, model.class_names, max_images)
+    train, val, _ = load_training_splits(data, model.input_size, model.class_names,
+                                         max_images)
     gp, summary = _fit_gp_on_splits(model, model.model_id, train, val, seed, progress, log)
     save_detector(model, out / DETECTOR_FILE, model_id=model.model_id,
                   metadata={**model.metadata, 'gp': summary})
@@ -524,18 +608,22 @@ def refit_gp(data: Path, out: Path, seed: int = 0, threads: int = 1, progress: b
     return summary
 
 
-def run_training(data: Path, out: Path, config: TrainConfig, progress: bool = True,
-                 max_images: int | None = None, log: Any = _log) -> dict[str, Any]:
-    """Train, fit the GP, save both artefacts; returns a summary (also in the metadata)."""
+def run_training(data: Path | CocoTrainingData, out: Path, config: TrainConfig,
+                 progress: bool = True, max_images: int | None = None,
+                 log: Any = _log) -> dict[str, Any]:
+    """Train, fit the GP, save both artefacts; returns a summary (also in the metadata).
+
+    ``data`` is a dataset directory of ``uq sim dataset`` or a COCO instances file split at
+    random (:func:`load_training_splits`).
+    """
     import torch
 
     from uq_perception.detector import model_digest, save_detector
-    from uq_perception.detector_data import load_split
 
     started = time.time()
     torch.set_num_threads(config.threads)
-    train = load_split(data / 'train', max_images=max_images)
-    val = load_split(data / 'val', class_names=train.class_names, max_images=max_images)
+    train, val, provenance = load_training_splits(data, config.input_size,
+                                                  max_images=max_images)
     log(f'data: {len(train)} train images ({train.num_objects} objects), {len(val)} val '
         f'images ({val.num_objects} objects); classes {train.class_names}')
     model, history = train_detector(train, config, progress=progress, log=log)
@@ -548,21 +636,17 @@ def run_training(data: Path, out: Path, config: TrainConfig, progress: bool = Tr
         f'(per class {val_metrics["ap50_per_class"]})')
     model_id = f'centernet-{model_digest(model)[:16]}'
     gp, gp_summary = _fit_gp_on_splits(model, model_id, train, val, config.seed, progress, log)
-    manifest_path = data / 'dataset.json'
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     summary = {
         'model_id': model_id,
         'train_config': asdict(config),
-        'dataset': {'path': str(data), 'seed': manifest.get('seed'), 'n': manifest.get('n'),
-                    'counts': manifest.get('counts'), 'train_images': len(train),
-                    'val_images': len(val)},
+        'dataset': provenance,
         'history': history,
         'validation': {k: v for k, v in val_metrics.items() if k != 'latency_ms'},
         'gp': gp_summary,
         'train_seconds': round(train_seconds, 1),
         'total_seconds': round(time.time() - started, 1),
         'torch': str(torch.__version__),
-        'git_commit': _commit_of(Path(__file__).resolve().parent),
+        'git_commit': source_commit(),
     }
     out.mkdir(parents=True, exist_ok=True)
     save_detector(model, out / DETECTOR_FILE, model_id=model_id, metadata=summary)

@@ -1,14 +1,18 @@
-"""``uq train``: train the detector on a simulator dataset and fit its NTK-GP.
+"""``uq train``: train the detector on a simulator or COCO dataset and fit its NTK-GP.
 
-``--generate-data N`` renders the simulator dataset first, so one command reproduces the
-shipped model files from scratch. The command lives here, not in ``uq_perception``,
-because rendering needs the simulator, which the robot runtime does not depend on.
+``--data DIR`` reads the layout of ``uq sim dataset``; ``--generate-data N`` renders it
+first, so one command reproduces the shipped model files from scratch. ``--coco FILE``
+reads a COCO instances file instead (CVAT, Label Studio, FiftyOne, or the labels people gave
+through ``uq labels export``), split at random into training and validation images. The
+command lives here, not in ``uq_perception``, because rendering needs the simulator, which
+the robot runtime does not depend on.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from uq_common.arguments import non_negative_float, non_negative_int, positive_float, positive_int
@@ -16,11 +20,34 @@ from uq_perception import training
 from uq_perception.model_files import DETECTOR_FILE, GP_FILE
 
 
+def _fraction(text: str) -> float:
+    value = positive_float(text)
+    if not value < 1.0:
+        raise argparse.ArgumentTypeError(f'must be in (0, 1), got {value}')
+    return value
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Train the detector on a simulator dataset and fit its NTK-GP."""
+    """Train the detector on a simulator or COCO dataset and fit its NTK-GP."""
     defaults = training.TrainConfig()
-    parser.add_argument('--data', type=Path, required=True,
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument('--data', type=Path,
                         help='dataset directory with train/ and val/ (from `uq sim dataset`)')
+    source.add_argument('--coco', type=Path, metavar='FILE',
+                        help='COCO instances JSON (CVAT, Label Studio, FiftyOne, '
+                             '`uq labels export`); every category is a class unless its '
+                             'supercategory is "unknown" or "auxiliary"')
+    parser.add_argument('--images', type=Path, default=None,
+                        help='folder of the --coco images (default: found beside the JSON)')
+    parser.add_argument('--val-fraction', type=_fraction, default=0.2,
+                        help='fraction of the --coco images held out for validation')
+    parser.add_argument('--split-seed', type=non_negative_int, default=0,
+                        help='seed of the --coco train/validation split')
+    parser.add_argument('--input-size', type=positive_int, nargs=2, metavar=('H', 'W'),
+                        default=list(defaults.input_size),
+                        help='network input height and width (multiples of 16); training '
+                             f'crops of {defaults.crop} are used when they fit, whole '
+                             'images otherwise')
     parser.add_argument('--out', type=Path, default=Path('models'),
                         help=f'directory for {DETECTOR_FILE} and {GP_FILE}')
     parser.add_argument('--generate-data', type=positive_int, metavar='N', default=None,
@@ -54,24 +81,47 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = training.TrainConfig(epochs=args.epochs, batch_size=args.batch_size,
-                         learning_rate=args.lr, embedding_dim=args.embedding_dim,
-                         outlier_weight=args.outlier_weight,
-                         separation_weight=args.separation_weight,
-                         compactness_weight=args.compactness_weight,
-                         seed=args.seed, threads=args.threads)
-    if args.gp_only:
-        summary = training.refit_gp(args.data, args.out, seed=args.seed, threads=args.threads,
-                           progress=not args.no_progress, max_images=args.max_images)
-        print(json.dumps(summary, indent=1))
-        return 0
-    if args.generate_data is not None:
-        from uq_sim.dataset import generate_dataset
+    """Train (or refit the GP), print the summary; bad data or settings exit 2 with one line."""
+    from uq_perception.detector_data import CocoTrainingData
 
-        generate_dataset(args.data, args.generate_data, seed=args.data_seed,
-                         workers=args.workers, progress=not args.no_progress)
-    summary = training.run_training(args.data, args.out, config, progress=not args.no_progress,
-                           max_images=args.max_images)
+    try:
+        input_size = (args.input_size[0], args.input_size[1])
+        crop = training.TrainConfig.crop
+        if crop is not None and any(c > s for c, s in zip(crop, input_size, strict=True)):
+            crop = None
+        config = training.TrainConfig(
+            epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
+            embedding_dim=args.embedding_dim, outlier_weight=args.outlier_weight,
+            separation_weight=args.separation_weight,
+            compactness_weight=args.compactness_weight, input_size=input_size, crop=crop,
+            seed=args.seed, threads=args.threads)
+        if args.coco is not None:
+            if args.generate_data is not None:
+                raise ValueError('--generate-data renders a simulator dataset: use it with '
+                                 '--data, not --coco')
+            data: Path | CocoTrainingData = CocoTrainingData(
+                args.coco, args.images, args.val_fraction, args.split_seed)
+        elif args.images is not None:
+            raise ValueError('--images names the folder of --coco images; --data has its own')
+        else:
+            data = args.data
+        if args.gp_only:
+            summary = training.refit_gp(data, args.out, seed=args.seed, threads=args.threads,
+                                        progress=not args.no_progress,
+                                        max_images=args.max_images)
+            print(json.dumps(summary, indent=1))
+            return 0
+        if args.generate_data is not None:
+            from uq_sim.dataset import generate_dataset
+
+            generate_dataset(args.data, args.generate_data, seed=args.data_seed,
+                             workers=args.workers, progress=not args.no_progress)
+        summary = training.run_training(data, args.out, config,
+                                        progress=not args.no_progress,
+                                        max_images=args.max_images)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f'uq train: error: {exc}', file=sys.stderr)
+        return 2
     print(json.dumps({k: summary[k] for k in ('model_id', 'validation', 'gp',
                                               'train_seconds', 'total_seconds')}, indent=1))
     return 0
