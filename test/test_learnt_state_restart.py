@@ -5,7 +5,8 @@ set) in its own process, this process teaching it over DDS through ``teach_objec
 The learnt state goes to the default place under the ROS home (``$ROS_HOME/uq/learned/<model
 id>.npz``, here in a temporary ROS home); after the process is killed with SIGKILL and
 started again, the detector still knows the taught class, and its ``/diagnostics`` say that
-the GP it runs came from that file, with how many labels.
+the GP it runs came from that file, with how many labels. Its messages carry the model's
+range for the calibrated score (``reference_variance_max``, ``ood_threshold``).
 """
 
 from __future__ import annotations
@@ -183,6 +184,11 @@ def test_a_taught_class_survives_sigkill_by_default(tmp_path, ros_context, clien
         message = _wait(lambda: client.detections[-1] if client.detections else None, 60.0,
                         'detections of the restarted detector', restarted)
         assert list(message.class_names) == [*shipped.class_names, 'teapot']
+        # The model's range, for consumers of the calibrated score, travels in every message.
+        assert message.reference_variance_max == pytest.approx(
+            shipped.score_reference.maximum, rel=1e-6)
+        assert message.ood_threshold == pytest.approx(shipped.ood_threshold, rel=1e-6)
+        assert all(0.0 <= d.uncertainty.calibrated_score <= 1.0 for d in message.detections)
         again = client.teach('teapot-2', 'teapot', embedding, shipped.model_id)
         assert again.accepted and again.class_index == shipped.num_classes, again.message
         assert 'new class' not in again.message
