@@ -185,7 +185,7 @@ ROS_FACING_MODULES = {
 ROS_MODULES = {'rclpy', 'uq_msgs'}
 # The families of the evaluation package; each registers its `uq` subcommands in one
 # ``commands`` module.
-EVAL_SUBPACKAGES = ('bags', 'benchmarks', 'closed_loop', 'detector', 'mnist')
+EVAL_SUBPACKAGES = ('bags', 'benchmarks', 'closed_loop', 'detector', 'gp', 'mnist')
 
 
 def module_name(path: Path, package_dir: Path) -> str:

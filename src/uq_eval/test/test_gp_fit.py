@@ -1,0 +1,271 @@
+"""``uq gp fit`` end to end, through the ``uq`` command line, on generated COCO folders.
+
+Two detectors: a small DETR-style network written here, exported to ONNX in the test and
+read through the ONNX adapter (its four queries look at the four quadrants of the image,
+its features are the quadrant's mean colour); and the shipped CenterNet on a few simulator
+renders written by ``uq sim dataset``'s generator. Then every kind of bad input: one line
+on stderr, exit status 2, no file written or changed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from uq_common.cli import main as uq
+from uq_perception.model_files import shipped_model_dir
+from uq_perception.ntk import LastLayerNTKGP
+
+SIZE = 64
+HALF = SIZE // 2
+# Class colours (RGB): two the network knows, one it has no class for.
+COLOURS = {'red': (210, 40, 40), 'green': (40, 210, 40), 'blue': (40, 40, 210)}
+CATEGORIES = [{'id': 1, 'name': 'red', 'supercategory': 'object'},
+              {'id': 2, 'name': 'green', 'supercategory': 'object'},
+              {'id': 3, 'name': 'blue', 'supercategory': 'object'}]
+
+
+class QuadrantDetr(nn.Module):
+    """DETR-style set prediction: query ``q`` is the image quadrant ``q`` (row-major); its
+    box is that quadrant (normalised centre-size), its features the quadrant's mean colour
+    and the class logits a final linear layer on them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(2)
+        self.class_embed = nn.Linear(3, 2)
+        with torch.no_grad():
+            self.class_embed.weight.copy_(torch.tensor([[8.0, -4.0, -4.0], [-4.0, 8.0, -4.0]]))
+            self.class_embed.bias.zero_()
+        self.register_buffer('quadrant_boxes', torch.tensor([[[0.25, 0.25, 0.5, 0.5],
+                                                      [0.75, 0.25, 0.5, 0.5],
+                                                      [0.25, 0.75, 0.5, 0.5],
+                                                      [0.75, 0.75, 0.5, 0.5]]]))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        phi = self.pool(x).flatten(2).transpose(1, 2)  # (1, 4, 3)
+        # 0 * phi keeps the boxes an output of the graph that depends on the input.
+        return self.class_embed(phi), self.quadrant_boxes + 0.0 * phi[..., :1]
+
+
+@pytest.fixture(scope='module')
+def onnx_model(tmp_path_factory) -> Path:
+    pytest.importorskip('onnx', reason='onnx is part of the CPU install')
+    pytest.importorskip('onnxruntime', reason='onnxruntime is part of the CPU install')
+    path = tmp_path_factory.mktemp('model') / 'quadrants.onnx'
+    logging.getLogger('torch.onnx').setLevel(logging.ERROR)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter('ignore')
+        torch.onnx.export(QuadrantDetr().eval(), (torch.rand(1, 3, SIZE, SIZE),), str(path),
+                          dynamo=True, verbose=False, opset_version=18,
+                          input_names=['images'], output_names=['logits', 'boxes'])
+    return path
+
+
+def write_quadrant_coco(root: Path, count: int, seed: int = 0) -> Path:
+    """``count`` images, each quadrant empty (grey) or filled with a class colour up to a
+    2-pixel margin, annotated with the quadrant's box; CVAT's layout."""
+    rng = np.random.default_rng(seed)
+    (root / 'images').mkdir(parents=True)
+    images, annotations = [], []
+    names = list(COLOURS)
+    for i in range(count):
+        pixels = np.full((SIZE, SIZE, 3), 128, np.uint8)
+        for q in range(4):
+            pick = rng.integers(0, 5)
+            if pick >= 3 or (pick == 2 and rng.random() < 0.5):  # blue in 1 of 10 quadrants
+                continue
+            x, y = (q % 2) * HALF, (q // 2) * HALF
+            colour = np.clip(np.array(COLOURS[names[pick]]) + rng.integers(-25, 26, 3), 0, 255)
+            pixels[y + 2:y + HALF - 2, x + 2:x + HALF - 2] = colour
+            annotations.append({'id': len(annotations) + 1, 'image_id': i + 1,
+                                'category_id': int(pick) + 1, 'bbox': [x, y, HALF, HALF],
+                                'area': HALF * HALF, 'iscrowd': 0})
+        name = f'{i:04d}.png'
+        cv2.imwrite(str(root / 'images' / name), pixels[:, :, ::-1])
+        images.append({'id': i + 1, 'file_name': name, 'width': SIZE, 'height': SIZE})
+    path = root / 'annotations' / 'instances_default.json'
+    path.parent.mkdir()
+    path.write_text(json.dumps({'images': images, 'annotations': annotations,
+                                'categories': CATEGORIES}))
+    return path
+
+
+def fit(capsys, *arguments: str) -> tuple[int, str, str]:
+    code = uq(['gp', 'fit', '--no-progress', *arguments])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_onnx_detector_fit_report_and_artefact(tmp_path, capsys, onnx_model):
+    annotations = write_quadrant_coco(tmp_path / 'export', 40)
+    out = tmp_path / 'gp' / 'quadrants_gp.npz'
+    code, stdout, stderr = fit(capsys, '--model', str(onnx_model), '--annotations',
+                               str(annotations), '--class-names', 'red', 'green',
+                               '--unknown', 'blue', '--out', str(out), '--timing-images', '5')
+    assert code == 0, stderr
+    report = json.loads(out.with_suffix('.json').read_text())
+    coco = json.loads(annotations.read_text())
+    # Every annotated quadrant is found by its query (IoU 1), so the balance is the file's.
+    for name, category in (('red', 1), ('green', 2)):
+        row = report['class_balance'][name]
+        assert row['train_annotated'] + row['val_annotated'] == sum(
+            a['category_id'] == category for a in coco['annotations'])
+        assert row['train_found'] == row['train_annotated']
+    blue = sum(a['category_id'] == 3 for a in coco['annotations'])
+    assert report['unknown']['objects'] == blue > 0
+    # Blue is a direction of colour space no known object spans: the GP variance says so.
+    assert report['unknown']['auroc'] > 0.9
+    assert report['data']['train_images'] == 32 and report['data']['val_images'] == 8
+    assert report['data']['categories'] == {'red': 'class', 'green': 'class',
+                                            'blue': 'unknown'}
+    assert report['model']['format'] == 'onnx' and report['model']['adapter']['layout'] == 'detr'
+    assert report['model']['feature_dim'] == 3
+    cost = report['query_cost']
+    assert cost['images'] == 5 and cost['query_ms'] > 0 and cost['forward_ms'] > 0
+    assert cost['query_over_forward'] == pytest.approx(cost['query_ms'] / cost['forward_ms'],
+                                                       rel=1e-2)
+    assert report['gp']['experts'][0]['train_objects'] > 0
+    assert all(np.isfinite(e['log_evidence']) for e in report['gp']['experts'])
+    # The artefact is what the node loads: checked against the model's identity.
+    gp = LastLayerNTKGP.load(out, feature_dim=3, class_names=['red', 'green'],
+                             model_id=report['model']['model_id'])
+    assert gp.ood_threshold == pytest.approx(report['gp']['ood_threshold'])
+    assert gp.score_reference is not None
+    assert gp.score_reference.count == report['validation']['known_objects']
+    red, blue_phi = np.array([[0.8, 0.16, 0.16]]), np.array([[0.16, 0.16, 0.8]])
+    assert gp.gp_variance(blue_phi)[0] > gp.ood_threshold > gp.gp_variance(red)[0]
+    assert 'known-vs-unknown AUROC' in stdout and str(out) in stdout
+    assert report['provenance']['arguments']['annotations'] == str(annotations)
+
+
+def test_onnx_class_names_must_match_the_data(tmp_path, capsys, onnx_model):
+    annotations = write_quadrant_coco(tmp_path / 'export', 10)
+    out = tmp_path / 'gp.npz'
+    # Without names the model's classes are class_0 and class_1: the data's are not among them.
+    code, _, stderr = fit(capsys, '--model', str(onnx_model), '--annotations', str(annotations),
+                          '--out', str(out))
+    assert code == 2 and stderr.count('\n') == 1
+    assert "are not classes of the model (class_0, class_1)" in stderr
+    assert not out.exists() and not out.with_suffix('.json').exists()
+
+
+@pytest.fixture(scope='module')
+def sim_coco(tmp_path_factory) -> Path:
+    pytest.importorskip('mujoco', reason='the simulator renders the images')
+    from uq_sim.dataset import generate_dataset
+
+    root = tmp_path_factory.mktemp('sim')
+    generate_dataset(root, 20, seed=11, fractions={'train': 0.6, 'val': 0.0, 'test': 0.0,
+                                                   'test_unknown': 0.4}, progress=False)
+    return root
+
+
+def test_shipped_centernet_on_simulator_renders(tmp_path, capsys, sim_coco):
+    model = shipped_model_dir() / 'detector.pt'
+    out = tmp_path / 'gp.npz'
+    code, stdout, stderr = fit(
+        capsys, '--model', str(model),
+        '--annotations', str(sim_coco / 'train' / 'annotations.json'),
+        '--val-annotations', str(sim_coco / 'test_unknown' / 'annotations.json'),
+        '--out', str(out), '--report', str(tmp_path / 'report.json'), '--timing-images', '3')
+    assert code == 0, stderr
+    report = json.loads((tmp_path / 'report.json').read_text())
+    assert report['model']['format'] == 'torch' and report['model']['adapter'] is None
+    assert list(report['class_balance']) == ['box', 'sphere', 'cylinder', 'capsule',
+                                             'ellipsoid', 'mug']
+    # The simulator's supercategories mark its unknown and auxiliary objects.
+    assert report['data']['categories']['torus'] == 'unknown'
+    assert report['data']['categories']['rock'] == 'auxiliary'
+    assert report['unknown']['objects'] > 0 and 0.0 <= report['unknown']['auroc'] <= 1.0
+    shipped = LastLayerNTKGP.load(shipped_model_dir() / 'detector_gp.npz')
+    gp = LastLayerNTKGP.load(out, feature_dim=64, class_names=shipped.class_names,
+                             model_id=shipped.model_id)
+    assert gp.fitted and gp.score_reference is not None
+
+
+def _copy_tree(source: Path, target: Path) -> Path:
+    import shutil
+
+    shutil.copytree(source, target)
+    return target / 'annotations' / 'instances_default.json'
+
+
+@pytest.fixture(scope='module')
+def clean_export(tmp_path_factory) -> Path:
+    return write_quadrant_coco(tmp_path_factory.mktemp('clean') / 'export', 12).parent.parent
+
+
+def _edit_json(path: Path, change) -> None:
+    coco = json.loads(path.read_text())
+    change(coco)
+    path.write_text(json.dumps(coco))
+
+
+BAD_INPUTS = {
+    'corrupt JSON': (lambda ann: ann.write_text(ann.read_text()[:-40]), 'is not valid JSON'),
+    'NaN in JSON': (lambda ann: ann.write_text(ann.read_text().replace(
+        '"width": 64', '"width": NaN', 1)), 'is not valid JSON'),
+    'missing image': (lambda ann: (ann.parent.parent / 'images' / '0003.png').unlink(),
+                      'image files not found'),
+    'image of another size': (lambda ann: cv2.imwrite(
+        str(ann.parent.parent / 'images' / '0005.png'), np.zeros((48, 64, 3), np.uint8)),
+        'is 64x48 pixels but the annotations say 64x64'),
+    'undecodable image': (lambda ann: (ann.parent.parent / 'images' / '0002.png').write_bytes(
+        b'\x89PNG broken'), 'cannot read image'),
+    'box outside the image': (lambda ann: _edit_json(ann, lambda c: c['annotations'][0].update(
+        bbox=[40, 40, 32, 32])), 'outside its 64x64 image'),
+    'class not in the model': (lambda ann: _edit_json(ann, lambda c: c['categories'][1].update(
+        name='purple')), "'purple'"),
+}
+
+
+@pytest.mark.parametrize('case', list(BAD_INPUTS))
+def test_bad_input_one_line_exit_2_nothing_written(tmp_path, capsys, onnx_model, clean_export,
+                                                   case):
+    break_it, message = BAD_INPUTS[case]
+    annotations = _copy_tree(clean_export, tmp_path / 'export')
+    break_it(annotations)
+    out = tmp_path / 'models' / 'gp.npz'
+    out.parent.mkdir()
+    out.write_bytes(b'previous artefact')
+    code, stdout, stderr = fit(capsys, '--model', str(onnx_model), '--annotations',
+                               str(annotations), '--class-names', 'red', 'green',
+                               '--unknown', 'blue', '--out', str(out))
+    assert code == 2
+    assert stderr.startswith('uq gp fit: error: ') and stderr.count('\n') == 1, stderr
+    assert message in stderr
+    assert out.read_bytes() == b'previous artefact'
+    assert sorted(p.name for p in out.parent.iterdir()) == ['gp.npz']
+
+
+@pytest.mark.parametrize('arguments, message', [
+    (['--model', 'absent.onnx'], 'model file not found'),
+    (['--model', '{shipped}', '--layout', 'yolo'], 'apply to ONNX models only'),
+    (['--model', '{onnx}', '--layout', 'ssd'], 'layout must be one of'),
+    (['--model', '{onnx}', '--provider', 'gpu'], 'unknown execution provider'),
+    (['--model', '{junk}.onnx'], 'not a readable ONNX model'),
+    (['--model', '{junk}.bin'], 'cannot tell the format'),
+    (['--model', '{junk}.bin', '--model-format', 'torch'], 'cannot read detector file'),
+    (['--model', '{onnx}', '--unknown', 'teal'], "categories ['teal'] are in no annotations"),
+])
+def test_bad_model_or_settings(tmp_path, capsys, onnx_model, clean_export, arguments, message):
+    annotations = clean_export / 'annotations' / 'instances_default.json'
+    for suffix in ('.onnx', '.bin'):
+        (tmp_path / 'junk').with_suffix(suffix).write_bytes(b'\x08\x07 not a model')
+    values = {'shipped': str(shipped_model_dir() / 'detector.pt'), 'onnx': str(onnx_model),
+              'junk': str(tmp_path / 'junk')}
+    out = tmp_path / 'gp.npz'
+    code, _, stderr = fit(capsys, *[a.format(**values) for a in arguments], '--annotations',
+                          str(annotations), '--out', str(out))
+    assert code == 2 and stderr.count('\n') == 1, stderr
+    assert message in stderr
+    assert not out.exists()

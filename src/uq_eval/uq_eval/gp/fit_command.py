@@ -1,0 +1,360 @@
+"""``uq gp fit``: fit and calibrate the NTK-GP of a detector on a COCO dataset.
+
+The detector is the shipped CenterNet (``.pt``) or any ONNX detector with a linear class
+head, read through the ONNX adapter (``.onnx``, settings as the detector node's); the data
+is a COCO instances file and its images, as CVAT, Label Studio and FiftyOne export them.
+Validation images are a random part of the file (``--val-fraction``) or a second file
+(``--val-annotations``). The command writes the GP artefact (``--out``, the file the
+detector node's ``gp_path`` reads) and a JSON report with its provenance (``--report``),
+and prints a summary. Bad input (a corrupt file, a missing or mis-sized image, a category
+that is none of the model's classes, an unusable model) exits with status 2 and one line,
+and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import socket
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from uq_common.arguments import non_negative_int, positive_float, positive_int
+from uq_common.str_enum import StrEnum
+
+if TYPE_CHECKING:
+    from uq_perception.contract import DetectorContract
+    from uq_perception.ntk import LastLayerNTKGP
+
+
+class ModelFormat(StrEnum):
+    """How ``--model`` is read."""
+
+    AUTO = 'auto'  # from the file name: .onnx is onnx, .pt/.pth torch
+    TORCH = 'torch'  # the shipped CenterNet format (uq train)
+    ONNX = 'onnx'  # any ONNX detector, through the ONNX adapter
+
+
+#: ONNX adapter settings: option name -> (OnnxAdapterConfig field, help).
+_ADAPTER_OPTIONS = {
+    'layout': ('layout', 'head layout: auto, yolo or detr'),
+    'class_nodes': ('class_nodes', 'names of the class-logit nodes; none: found automatically'),
+    'input_size': ('input_size', 'network input H W; none: the model\'s static input shape'),
+    'resize': ('resize', 'letterbox or stretch'),
+    'pad_value': ('pad_value', 'grey level 0-255 of letterbox padding'),
+    'channel_order': ('channel_order', 'rgb or bgr'),
+    'mean': ('mean', 'per-channel mean subtracted after scaling to [0, 1]'),
+    'std': ('std', 'per-channel standard deviation divided by'),
+    'box_format': ('box_format', 'auto, cxcywh, xyxy, cxcywh-normalized, xyxy-normalized'),
+    'score_activation': ('score_activation', 'auto, sigmoid or softmax'),
+    'nms': ('nms', 'auto, class, agnostic or none'),
+    'nms_iou': ('nms_iou', 'IoU above which NMS suppresses a box'),
+    'max_candidates': ('max_candidates', 'most candidates entering NMS'),
+    'class_names': ('class_names', 'the model\'s class names; none: from its metadata'),
+}
+
+
+def _fraction(text: str) -> float:
+    value = positive_float(text)
+    if not value < 1.0:
+        raise argparse.ArgumentTypeError(f'must be in (0, 1), got {value}')
+    return value
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Fit and calibrate the NTK-GP of a detector (.pt or .onnx) on a COCO dataset."""
+    parser.add_argument('--model', type=Path, required=True,
+                        help='the detector: the shipped format (.pt) or an ONNX file')
+    parser.add_argument('--model-format', default=ModelFormat.AUTO.value,
+                        choices=[f.value for f in ModelFormat],
+                        help='how to read --model (auto: from its file name)')
+    parser.add_argument('--annotations', type=Path, required=True,
+                        help='COCO instances JSON (CVAT, Label Studio, FiftyOne export)')
+    parser.add_argument('--images', type=Path, default=None,
+                        help='folder of the images; none: found beside the JSON')
+    parser.add_argument('--val-annotations', type=Path, default=None,
+                        help='a second COCO file of validation images; none: a random '
+                             '--val-fraction of --annotations')
+    parser.add_argument('--val-images', type=Path, default=None,
+                        help='folder of the --val-annotations images')
+    parser.add_argument('--val-fraction', type=_fraction, default=0.2,
+                        help='fraction of the images held out for validation')
+    parser.add_argument('--seed', type=non_negative_int, default=0,
+                        help='seed of the split, of k-means and of the gating choice')
+    parser.add_argument('--unknown', nargs='+', default=[], metavar='CATEGORY',
+                        help='categories of objects no class fits (scored for the '
+                             'known-vs-unknown AUROC); supercategory "unknown" also marks them')
+    parser.add_argument('--ignore', nargs='+', default=[], metavar='CATEGORY',
+                        help='categories left out (neither fitted nor scored); supercategory '
+                             '"auxiliary" also marks them')
+    parser.add_argument('--out', type=Path, required=True,
+                        help='GP artefact to write (.npz, the node\'s gp_path)')
+    parser.add_argument('--report', type=Path, default=None,
+                        help='JSON report to write; none: --out with suffix .json')
+    parser.add_argument('--max-images', type=positive_int, default=None,
+                        help='use only the first images of each file (quick runs)')
+    parser.add_argument('--timing-images', type=non_negative_int, default=50,
+                        help='validation images timed for the query cost (0: none)')
+    parser.add_argument('--threads', type=positive_int, default=1,
+                        help='CPU threads of the network')
+    parser.add_argument('--provider', default='cpu',
+                        help='ONNX Runtime execution provider: cpu, cuda or tensorrt')
+    parser.add_argument('--no-progress', action='store_true', help='hide progress bars')
+    adapter = parser.add_argument_group('ONNX adapter settings, for --model-format onnx '
+                                        '(docs/detector_contract.md)')
+    for option, (_, text) in _ADAPTER_OPTIONS.items():
+        flag = '--' + option.replace('_', '-')
+        if option in ('class_nodes', 'class_names'):
+            adapter.add_argument(flag, nargs='+', default=None, help=text)
+        elif option in ('mean', 'std'):
+            adapter.add_argument(flag, nargs=3, type=float, default=None, metavar='V',
+                                 help=text)
+        elif option == 'input_size':
+            adapter.add_argument(flag, nargs=2, type=positive_int, default=None,
+                                 metavar=('H', 'W'), help=text)
+        elif option in ('pad_value', 'max_candidates'):
+            adapter.add_argument(flag, type=int, default=None, help=text)
+        elif option == 'nms_iou':
+            adapter.add_argument(flag, type=float, default=None, help=text)
+        else:
+            adapter.add_argument(flag, default=None, help=text)
+    parser.set_defaults(run=run)
+
+
+def _one_line(exc: BaseException) -> str:
+    return ' '.join(str(exc).split()) or type(exc).__name__
+
+
+def _model_format(args: argparse.Namespace) -> ModelFormat:
+    chosen = ModelFormat(args.model_format)
+    if chosen is not ModelFormat.AUTO:
+        return chosen
+    suffix = args.model.suffix.lower()
+    if suffix == '.onnx':
+        return ModelFormat.ONNX
+    if suffix in ('.pt', '.pth'):
+        return ModelFormat.TORCH
+    raise ValueError(f'cannot tell the format of {args.model} from its name; set '
+                     '--model-format torch or onnx')
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, 'rb') as handle:
+        for block in iter(lambda: handle.read(1 << 20), b''):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def open_detector(args: argparse.Namespace) -> tuple[DetectorContract, dict[str, Any]]:
+    """The contract detector ``args`` name, and its description for the report.
+
+    Raises
+    ------
+    ValueError
+        On a missing or unreadable model, adapter settings for a torch model, or settings
+        out of their rules.
+    uq_perception.onnx_runtime.OnnxRuntimeUnavailableError
+        When ONNX Runtime or the provider is missing.
+    """
+    chosen = _model_format(args)
+    settings = {field: getattr(args, option) for option, (field, _) in _ADAPTER_OPTIONS.items()
+                if getattr(args, option) is not None}
+    if not args.model.is_file():
+        raise ValueError(f'model file not found: {args.model}')
+    adapter: dict[str, Any] | None = None
+    detector: DetectorContract
+    if chosen is ModelFormat.TORCH:
+        if settings:
+            raise ValueError(f'ONNX adapter settings ({", ".join(sorted(settings))}) apply to '
+                             'ONNX models only')
+        import torch
+
+        from uq_perception.backends import TorchBackend
+        from uq_perception.detector import load_detector
+
+        torch.set_num_threads(args.threads)
+        detector = TorchBackend(load_detector(args.model))
+    else:
+        from uq_perception.onnx_adapter import OnnxAdapterConfig, OnnxDetector
+
+        for name in ('class_nodes', 'class_names', 'mean', 'std', 'input_size'):
+            if name in settings:
+                settings[name] = tuple(settings[name])
+        onnx_detector = OnnxDetector(args.model, OnnxAdapterConfig(**settings),
+                                     provider=args.provider, threads=args.threads)
+        adapter = onnx_detector.describe()
+        detector = onnx_detector
+    info = {'path': str(args.model), 'format': chosen.value,
+            'sha256': _file_sha256(args.model), 'model_id': detector.model_id,
+            'classes': detector.class_names, 'feature_dim': detector.feature_dim,
+            'input_size': list(detector.input_size), 'backend': detector.backend_name,
+            'device': detector.device_name, 'adapter': adapter}
+    return detector, info
+
+
+def _split_label(text: str) -> str:
+    """The score reference's provenance text: printable, at most 200 characters."""
+    return text if text.isprintable() and len(text) <= 200 else 'validation objects'
+
+
+def _load_data(args: argparse.Namespace, class_names: list[str]) -> dict[str, Any]:
+    """Read the COCO file(s), the roles of their categories and the train/val images."""
+    from uq_perception.coco_data import (
+        CocoFormatError,
+        category_roles,
+        read_coco,
+        split_indices,
+    )
+
+    train_set = read_coco(args.annotations, args.images, args.max_images)
+    files = [train_set]
+    if args.val_annotations is not None:
+        val_set = read_coco(args.val_annotations, args.val_images, args.max_images)
+        files.append(val_set)
+    elif args.val_images is not None:
+        raise ValueError('--val-images names the folder of --val-annotations images')
+    # A name must be a category of some file; each file takes the names it has.
+    for what, names in (('unknown', args.unknown), ('ignored', args.ignore)):
+        present = {c.name.casefold() for f in files for c in f.categories.values()}
+        strays = [n for n in names if n.strip().casefold() not in present]
+        if strays:
+            raise CocoFormatError(f'{what} categories {strays} are in no annotations file')
+
+    def roles_of(dataset: Any) -> Any:
+        own = {c.name.casefold() for c in dataset.categories.values()}
+        return category_roles(
+            dataset, class_names,
+            unknown=[n for n in args.unknown if n.strip().casefold() in own],
+            ignored=[n for n in args.ignore if n.strip().casefold() in own])[0]
+
+    train_roles = roles_of(train_set)
+    data: dict[str, Any] = {
+        'annotations': str(args.annotations), 'sha256': train_set.sha256,
+        'images_dir': None if args.images is None else str(args.images),
+        'categories': {c.name: train_roles[c.id][0].value
+                       for c in train_set.categories.values()}}
+    if args.val_annotations is not None:
+        val_set = files[1]
+        train_images, val_images = list(train_set.images), list(val_set.images)
+        val_roles = roles_of(val_set)
+        data['validation'] = {'annotations': str(args.val_annotations),
+                              'sha256': val_set.sha256,
+                              'images_dir': None if args.val_images is None
+                              else str(args.val_images)}
+        reference = f'validation file {args.val_annotations.name}'
+    else:
+        train_index, val_index = split_indices(len(train_set), args.val_fraction, args.seed)
+        train_images = [train_set.images[i] for i in train_index]
+        val_images = [train_set.images[i] for i in val_index]
+        val_roles = train_roles
+        data['validation'] = {'val_fraction': args.val_fraction, 'seed': args.seed,
+                              'rule': 'random images of --annotations'}
+        reference = (f'{len(val_images)} random images ({args.val_fraction:g}) of '
+                     f'{args.annotations.name}, seed {args.seed}')
+    data.update(train_images=len(train_images), val_images=len(val_images))
+    return {'train': train_images, 'val': val_images, 'train_roles': train_roles,
+            'val_roles': val_roles, 'reference': _split_label(reference), 'provenance': data}
+
+
+def _arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """The command's settings as JSON values (paths as text)."""
+    return {key: str(value) if isinstance(value, Path) else value
+            for key, value in vars(args).items() if key != 'run'}
+
+
+def _finite_json(value: Any) -> Any:
+    """``value`` with non-finite floats as None: the report stays strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_json(v) for v in value]
+    return value
+
+
+def write_outputs(gp: LastLayerNTKGP, report: dict[str, Any], out: Path,
+                  report_path: Path) -> None:
+    """Write the report and the GP artefact, each atomically, the report last: a failure
+    leaves neither file changed (or, past the GP's rename, only the GP)."""
+    text = json.dumps(_finite_json(report), indent=1, allow_nan=False)
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f'.{report_path.name}.', dir=report_path.parent)
+    try:
+        with os.fdopen(fd, 'w', encoding='utf-8') as handle:
+            handle.write(text + '\n')
+            handle.flush()
+            os.fsync(handle.fileno())
+        gp.save(out)
+        os.replace(tmp, report_path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _summary(out: Path, report_path: Path, report: dict[str, Any]) -> str:
+    gp, model = report['gp'], report['model']
+    lines = [f'wrote {out} for {model["model_id"]} ({len(model["classes"])} classes, '
+             f'phi of {model["feature_dim"]}): NTK-GP {gp["gating"]} x{gp["num_experts"]}']
+    for name, row in report['class_balance'].items():
+        lines.append(f'  {name}: found {row["train_found"]}/{row["train_annotated"]} train, '
+                     f'{row["val_found"]}/{row["val_annotated"]} val')
+    lines.append(f'  OOD threshold {gp["ood_threshold"]:.4g} (GP variance quantile '
+                 f'{gp["ood_quantile"]}); log evidence '
+                 + ', '.join(f'{e["log_evidence"]:.1f}' for e in gp['experts']))
+    unknown = report['unknown']
+    if unknown['auroc'] is not None:
+        lines.append(f'  known-vs-unknown AUROC {unknown["auroc"]:.4f} '
+                     f'({unknown["known_objects"]} known, {unknown["objects"]} unknown)')
+    cost = report['query_cost']
+    if cost['query_over_forward'] is not None:
+        lines.append(f'  query cost {cost["query_ms"]:.3f} ms per image, '
+                     f'{cost["query_over_forward"]:.4f} of the forward pass '
+                     f'({cost["forward_ms"]:.2f} ms)')
+    lines.append(f'report: {report_path}')
+    return '\n'.join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Fit, calibrate, write; bad input exits 2 with one line and writes nothing."""
+    from uq_eval.gp.fitting import FitSettings, fit_detector_gp
+    from uq_perception.onnx_runtime import OnnxRuntimeUnavailableError
+    from uq_perception.training import source_commit
+
+    report_path = args.report if args.report is not None else args.out.with_suffix('.json')
+    progress = not args.no_progress
+    try:
+        paths = {p.resolve() for p in (args.out, report_path, args.model, args.annotations)}
+        if len(paths) < 4:
+            raise ValueError('--out, --report, --model and --annotations must be four '
+                             'different files')
+        detector, model_info = open_detector(args)
+        data = _load_data(args, detector.class_names)
+        print(f'{model_info["model_id"]} on {detector.backend_name} ({detector.device_name}): '
+              f'{data["provenance"]["train_images"]} training and '
+              f'{data["provenance"]["val_images"]} validation images', flush=True)
+        gp, fitted = fit_detector_gp(
+            detector, data['train'], data['train_roles'], data['val'], data['val_roles'],
+            data['reference'], FitSettings(timing_images=args.timing_images, seed=args.seed),
+            progress=progress, log=(lambda line: print(line, flush=True)) if progress
+            else (lambda line: None))
+        report = {
+            'out': str(args.out), 'model': model_info, 'data': data['provenance'], **fitted,
+            'provenance': {'arguments': _arguments(args),
+                           'created': datetime.now(timezone.utc).isoformat(timespec='seconds'),
+                           'host': socket.gethostname(), 'git_commit': source_commit()},
+        }
+        write_outputs(gp, report, args.out, report_path)
+    except (ValueError, OSError, OnnxRuntimeUnavailableError) as exc:
+        print(f'uq gp fit: error: {_one_line(exc)}', file=sys.stderr)
+        return 2
+    print(_summary(args.out, report_path, report))
+    return 0

@@ -1,0 +1,387 @@
+"""Fitting and calibrating the NTK-GP of any contract detector on COCO data (ROS-free).
+
+:func:`fit_detector_gp` (behind ``uq gp fit``) takes a detector of the detector contract
+(:class:`uq_perception.contract.DetectorContract`: the shipped CenterNet, or an ONNX file
+through the ONNX adapter) and the images of a COCO instances file, split into training and
+validation images:
+
+1. It runs the detector over every image, as on the robot (:meth:`infer`, every kept
+   detection checked to satisfy ``logits = W phi + b``), matches the detections to the
+   annotations (IoU >= 0.5, greedily by score, as detection AP does) and keeps, for every
+   annotated object a detection finds, that detection's features ``phi`` and logits: the
+   inputs the GP is queried with on the robot. A contract detector gives features only at
+   its detections, so objects none finds are counted, not used.
+2. It fits the GP exactly as ``uq train`` fits the shipped one
+   (:func:`uq_perception.training.fit_gp`): the gating chosen on held-out validation NLL,
+   the probit factor and temperature calibrated on the validation objects, the OOD
+   threshold at the configured quantile of their GP variance; then the calibrated score's
+   reference from the same validation objects.
+3. It reports the class balance, the evidence of each expert, the OOD threshold, the
+   known-vs-unknown AUROC of the GP variance when some categories are unknown objects, and
+   the query cost over the forward pass, measured side by side on validation images at the
+   node's operating point.
+
+Objects counted are those annotated as single objects (not ``iscrowd``), not flagged
+occluded, and at least :data:`uq_perception.detector_data.MIN_CLASS_SIDE` pixels on their
+shorter side: what the shipped fit also classifies.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from uq_perception.coco_data import CategoryRole, CocoImage, read_image
+from uq_perception.contract import DetectorContract, check_linear_head
+from uq_perception.detection_scoring import (
+    AP_MAX_DETECTIONS,
+    AP_SCORE_THRESHOLD,
+    IOU_THRESHOLD,
+    OPERATING_MAX_DETECTIONS,
+    OPERATING_THRESHOLD,
+)
+from uq_perception.detector_data import MIN_CLASS_SIDE
+
+if TYPE_CHECKING:
+    from uq_perception.ntk import LastLayerNTKGP
+
+Roles = Mapping[int, tuple[CategoryRole, int]]
+#: Fewest known objects the detector must find in the training images for a GP fit.
+MIN_TRAIN_OBJECTS = 2
+#: Fewest known validation objects: the gating choice scores one half on the other.
+MIN_VAL_OBJECTS = 4
+
+
+def _log(message: str) -> None:
+    print(message, flush=True)
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    """How detections become GP inputs and how the query cost is timed.
+
+    Attributes
+    ----------
+    score_threshold, max_detections : float, int
+        Detections kept per image for matching (low, as for AP: an object found with a low
+        score is still one whose features the GP will see).
+    iou_threshold : float
+        Least IoU of a detection with the object it finds.
+    min_side : float
+        Least shorter side (pixels) of an object counted.
+    timing_images : int
+        Validation images timed for the query cost (0: not timed).
+    seed : int
+        Seed of the GP's k-means and of the gating choice's validation halves.
+    """
+
+    score_threshold: float = AP_SCORE_THRESHOLD
+    max_detections: int = AP_MAX_DETECTIONS
+    iou_threshold: float = IOU_THRESHOLD
+    min_side: float = MIN_CLASS_SIDE
+    timing_images: int = 50
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.score_threshold <= 1.0:
+            raise ValueError(f'score_threshold must be in [0, 1], got {self.score_threshold}')
+        if not 0.0 < self.iou_threshold <= 1.0:
+            raise ValueError(f'iou_threshold must be in (0, 1], got {self.iou_threshold}')
+        if self.max_detections < 1:
+            raise ValueError(f'max_detections must be >= 1, got {self.max_detections}')
+        if not (math.isfinite(self.min_side) and self.min_side >= 0.0):
+            raise ValueError(f'min_side must be finite and >= 0, got {self.min_side}')
+        if self.timing_images < 0 or self.seed < 0:
+            raise ValueError('timing_images and seed must be >= 0')
+
+
+@dataclass
+class Tally:
+    """Counts of one split: annotated and found objects per class, and the rest."""
+
+    images: int = 0
+    detections: int = 0
+    annotated: dict[str, int] = field(default_factory=dict)
+    found: dict[str, int] = field(default_factory=dict)
+    unknown_annotated: int = 0
+    unknown_found: int = 0
+    # Detections whose phi or logits are not finite: dropped, never fitted.
+    non_finite: int = 0
+
+    def to_meta(self) -> dict[str, Any]:
+        """JSON-ready counts (the per-class ones are in the report's class balance)."""
+        return {'images': self.images, 'detections': self.detections,
+                'known': {'annotated': sum(self.annotated.values()),
+                          'found': sum(self.found.values())},
+                'unknown': {'annotated': self.unknown_annotated, 'found': self.unknown_found},
+                'non_finite_detections': self.non_finite}
+
+
+@dataclass(frozen=True)
+class ObjectFeatures:
+    """Features of the annotated objects that detections found, in image order.
+
+    Attributes
+    ----------
+    features : np.ndarray
+        ``(N, D)`` float32 ``phi`` of the detection that found each object.
+    logits : np.ndarray
+        ``(N, C)`` float32 its class logits.
+    labels : np.ndarray
+        ``(N,)`` int64 class index, -1 for unknown objects.
+    """
+
+    features: np.ndarray
+    logits: np.ndarray
+    labels: np.ndarray
+
+    @property
+    def known(self) -> np.ndarray:
+        """``(N,)`` bool: objects of one of the detector's classes."""
+        return self.labels >= 0
+
+
+def collect_objects(detector: DetectorContract, images: Sequence[CocoImage], roles: Roles,
+                    settings: FitSettings = FitSettings(), progress: bool = False,
+                    description: str = 'detections') -> tuple[ObjectFeatures, Tally]:
+    """Run ``detector`` over ``images`` and keep the features of every object found.
+
+    Raises
+    ------
+    ValueError
+        If an image cannot be read or has another size than its annotations state
+        (:class:`~uq_perception.coco_data.CocoFormatError`), or the detector's logits are
+        not ``W phi + b`` of its features.
+    """
+    from tqdm import tqdm
+
+    from uq_perception.detection_metrics import match_detections
+
+    head = detector.head()
+    names = detector.class_names
+    tally = Tally(images=len(images), annotated=dict.fromkeys(names, 0),
+                  found=dict.fromkeys(names, 0))
+    features, logits, labels = [], [], []
+    for image in tqdm(images, desc=description, unit='image', disable=not progress):
+        detections = detector.infer(read_image(image), settings.score_threshold,
+                                    settings.max_detections)
+        finite = np.isfinite(detections.embeddings).all(axis=1) & np.isfinite(
+            detections.logits).all(axis=1)
+        tally.detections += len(detections)
+        tally.non_finite += int((~finite).sum())
+        check_linear_head(head, detections.embeddings[finite], detections.logits[finite])
+        role = [roles[int(c)] for c in image.category_ids]
+        counted = ~image.crowd & ~image.occluded & (
+            image.boxes[:, 2:].min(axis=1, initial=np.inf) >= settings.min_side)
+        matched, _ = match_detections(detections.boxes[finite], detections.scores[finite],
+                                      image.boxes, settings.iou_threshold,
+                                      gt_ignore=image.crowd)
+        found_by = {int(obj): det for det, obj in zip(np.flatnonzero(finite), matched,
+                                                      strict=True) if obj >= 0}
+        for obj in np.flatnonzero(counted):
+            kind, index = role[obj]
+            if kind is CategoryRole.AUXILIARY:
+                continue
+            det = found_by.get(int(obj))
+            if kind is CategoryRole.CLASS:
+                tally.annotated[names[index]] += 1
+                tally.found[names[index]] += det is not None
+            else:
+                tally.unknown_annotated += 1
+                tally.unknown_found += det is not None
+            if det is not None:
+                features.append(detections.embeddings[det])
+                logits.append(detections.logits[det])
+                labels.append(index)
+    d, c = detector.feature_dim, detector.num_classes
+    return ObjectFeatures(
+        np.asarray(features, np.float32).reshape(-1, d),
+        np.asarray(logits, np.float32).reshape(-1, c),
+        np.asarray(labels, np.int64).reshape(-1)), tally
+
+
+def measure_query_cost(detector: DetectorContract, gp: LastLayerNTKGP,
+                       images: Sequence[CocoImage], progress: bool = False) -> dict[str, Any]:
+    """Time the forward pass and the GP query side by side, image by image.
+
+    Each image runs through :meth:`DetectorContract.infer` at the node's operating point
+    (score >= :data:`OPERATING_THRESHOLD`, at most :data:`OPERATING_MAX_DETECTIONS`),
+    then :meth:`LastLayerNTKGP.predict` on its detections (variance, probabilities, the
+    entropy decomposition: what the node publishes). Reading and decoding the image is
+    not timed.
+
+    Returns
+    -------
+    dict
+        ``images``, median ``forward_ms``, ``query_ms`` and ``detections`` per image, and
+        ``query_over_forward``, the ratio of the two medians (None without images).
+    """
+    from tqdm import tqdm
+
+    forward, query, counts = [], [], []
+    if images:
+        detector.warm_up(2)
+    for image in tqdm(images, desc='query cost', unit='image', disable=not progress):
+        rgb = read_image(image)
+        start = time.perf_counter()
+        detections = detector.infer(rgb, OPERATING_THRESHOLD, OPERATING_MAX_DETECTIONS)
+        detector.synchronize()
+        middle = time.perf_counter()
+        finite = np.isfinite(detections.embeddings).all(axis=1) & np.isfinite(
+            detections.logits).all(axis=1)
+        gp.predict(detections.embeddings[finite], detections.logits[finite])
+        end = time.perf_counter()
+        forward.append(middle - start)
+        query.append(end - middle)
+        counts.append(int(finite.sum()))
+    if not forward:
+        return {'images': 0, 'forward_ms': None, 'query_ms': None, 'detections': None,
+                'query_over_forward': None}
+    forward_ms, query_ms = 1e3 * float(np.median(forward)), 1e3 * float(np.median(query))
+    return {'images': len(forward), 'forward_ms': round(forward_ms, 3),
+            'query_ms': round(query_ms, 4), 'detections': float(np.median(counts)),
+            'query_over_forward': round(query_ms / forward_ms, 5) if forward_ms > 0 else None,
+            'operating_point': {'score_threshold': OPERATING_THRESHOLD,
+                                'max_detections': OPERATING_MAX_DETECTIONS}}
+
+
+def _fraction(part: int, whole: int) -> float | None:
+    return round(part / whole, 4) if whole else None
+
+
+def _class_balance(names: Sequence[str], train: Tally, val: Tally) -> dict[str, Any]:
+    return {name: {'train_annotated': train.annotated[name], 'train_found': train.found[name],
+                   'val_annotated': val.annotated[name], 'val_found': val.found[name]}
+            for name in names}
+
+
+def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage],
+                    train_roles: Roles, val_images: Sequence[CocoImage], val_roles: Roles,
+                    reference_split: str, settings: FitSettings = FitSettings(),
+                    progress: bool = False, log: Callable[[str], None] = _log
+                    ) -> tuple[LastLayerNTKGP, dict[str, Any]]:
+    """Fit and calibrate the NTK-GP of ``detector`` on annotated images (module docstring).
+
+    Parameters
+    ----------
+    detector : DetectorContract
+        The detector; the GP takes its head, class names and model id.
+    train_images, val_images : Sequence[CocoImage]
+        Images the GP is fitted on, and images it is calibrated and checked on.
+    train_roles, val_roles : Roles
+        Role and class index of every category of each file
+        (:func:`uq_perception.coco_data.category_roles` with the detector's classes).
+    reference_split : str
+        Provenance of the validation objects, stored with the calibrated score's reference.
+    settings : FitSettings
+        Matching and timing settings.
+    progress : bool
+        Show progress bars.
+    log : callable
+        Receives one line per step.
+
+    Returns
+    -------
+    tuple[LastLayerNTKGP, dict]
+        The fitted, calibrated GP (not yet saved) and the report.
+
+    Raises
+    ------
+    ValueError
+        On unreadable images, a detector that breaks the contract, or too few found known
+        objects to fit (:data:`MIN_TRAIN_OBJECTS`) or calibrate (:data:`MIN_VAL_OBJECTS`).
+    """
+    from uq_perception.metrics import auroc
+    from uq_perception.training import fit_gp
+
+    if not train_images or not val_images:
+        raise ValueError(f'need training and validation images, got {len(train_images)} and '
+                         f'{len(val_images)}')
+    names = detector.class_names
+    started = time.perf_counter()
+    train, train_tally = collect_objects(detector, train_images, train_roles, settings,
+                                         progress, 'detections train')
+    val, val_tally = collect_objects(detector, val_images, val_roles, settings, progress,
+                                     'detections val')
+    for split, objects, tally, least in (('training', train, train_tally, MIN_TRAIN_OBJECTS),
+                                         ('validation', val, val_tally, MIN_VAL_OBJECTS)):
+        found, annotated = int(objects.known.sum()), sum(tally.annotated.values())
+        log(f'{split}: {len(objects.labels)} objects found by {tally.detections} detections in '
+            f'{tally.images} images; known {found} of {annotated} annotated')
+        if found < least:
+            raise ValueError(
+                f'the detector found {found} of the {annotated} known objects annotated in the '
+                f'{split} images; at least {least} are needed (are the class names and boxes '
+                'those of this model, and the images what it was trained on?)')
+    train_known, val_known = train.known, val.known
+    gp, candidates = fit_gp(detector.head(), names, detector.model_id,
+                            train.features[train_known], train.labels[train_known],
+                            val.features[val_known], val.labels[val_known], seed=settings.seed,
+                            log=log)
+    reference = gp.calibrate_score(val.features[val_known], reference_split)
+    val_variance = gp.gp_variance(val.features[val_known])
+    threshold = float(gp.ood_threshold) if gp.ood_threshold is not None else math.inf
+    experts = np.bincount(gp.predict(train.features[train_known]).expert_id,
+                          minlength=gp.num_experts)
+    unknown_variance = np.concatenate([gp.gp_variance(train.features[~train_known]),
+                                       gp.gp_variance(val.features[~val.known])])
+    unknown_report: dict[str, Any] = {
+        'objects': int(unknown_variance.size),
+        'annotated': train_tally.unknown_annotated + val_tally.unknown_annotated,
+        'known_objects': int(val_variance.size),
+        'auroc': None, 'flagged_ood': _fraction(int((unknown_variance > threshold).sum()),
+                                                unknown_variance.size)}
+    if unknown_variance.size:
+        # Known side: validation objects (never fitted on); unknown side: every unknown
+        # object found, in training or validation images (the GP never sees them).
+        unknown_report['auroc'] = round(auroc(
+            np.concatenate([val_variance, unknown_variance]),
+            np.r_[np.zeros(val_variance.size, bool), np.ones(unknown_variance.size, bool)]), 4)
+        log(f'known-vs-unknown AUROC of the GP variance: {unknown_report["auroc"]} '
+            f'({val_variance.size} known validation, {unknown_variance.size} unknown objects)')
+    fit_seconds = time.perf_counter() - started
+    timed = list(val_images[:settings.timing_images])
+    cost = measure_query_cost(detector, gp, timed, progress)
+    if cost['query_over_forward'] is not None:
+        log(f'query cost {cost["query_ms"]:.3f} ms per image over a {cost["forward_ms"]:.2f} ms '
+            f'forward pass: {cost["query_over_forward"]:.4f} ({cost["images"]} images)')
+    accuracy = float(np.mean(np.argmax(val.logits[val_known], axis=1) == val.labels[val_known]))
+    report = {
+        'class_balance': _class_balance(names, train_tally, val_tally),
+        'counts': {'train': train_tally.to_meta(), 'val': val_tally.to_meta()},
+        'gp': {
+            'gating': gp.config.gating.value, 'num_experts': gp.num_experts,
+            'candidates': [{'gating': c.gating, 'num_experts': c.num_experts,
+                            'held_out_validation_nll': round(c.validation_nll, 5)}
+                           for c in candidates],
+            'experts': [{'train_objects': int(experts[e]),
+                         'sigma2': float(gp.sigma2[e]), 'delta': float(gp.delta[e]),
+                         'log_evidence': round(gp.log_marginal_likelihood(e), 4)}
+                        for e in range(gp.num_experts)],
+            'probit_lambda': gp.probit_lambda, 'temperature': gp.temperature,
+            'ood_quantile': gp.config.ood_quantile, 'ood_threshold': gp.ood_threshold,
+            'score_reference': {'split': reference.split, 'objects': reference.count,
+                                'variance_median': float(np.median(val_variance)),
+                                'variance_max': reference.maximum},
+        },
+        'validation': {'known_objects': int(val_known.sum()),
+                       'accuracy': round(accuracy, 4),
+                       'flagged_ood': _fraction(int((val_variance > threshold).sum()),
+                                                val_variance.size)},
+        'unknown': unknown_report,
+        'query_cost': cost,
+        'settings': {'score_threshold': settings.score_threshold,
+                     'max_detections': settings.max_detections,
+                     'iou_threshold': settings.iou_threshold, 'min_side': settings.min_side,
+                     'seed': settings.seed},
+        'fit_seconds': round(fit_seconds, 1),
+    }
+    log(f'NTK-GP {gp.config.gating.value} x{gp.num_experts}: OOD threshold '
+        f'{gp.ood_threshold:.4g} (the {gp.config.ood_quantile:.0%} quantile of '
+        f'{val_variance.size} validation objects\' GP variance)')
+    return gp, report
