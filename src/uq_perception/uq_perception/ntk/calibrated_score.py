@@ -16,7 +16,8 @@ smallest and 1 above the largest.
 The reference is fixed when the artefact is written. Labels learnt online lower the GP
 variance near what they teach, so a detection's score falls with them: a taught object
 ends up scored like the known objects. A new fit of the GP (a new posterior) discards the
-reference; it is then computed again from validation data.
+reference, which :meth:`LastLayerNTKGP.calibrate_score` computes again from validation data
+(:mod:`uq_perception.score_reference` does it for an artefact on disk).
 """
 
 from __future__ import annotations
