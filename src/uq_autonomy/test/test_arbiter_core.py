@@ -11,16 +11,20 @@ import numpy as np
 import pytest
 
 from uq_autonomy.arbiter import (
+    NO_CALIBRATED_SCORE,
     Arbiter,
     ArbiterConfig,
     DetectionSummary,
     DrivingDetection,
     Level,
+    ModelRange,
     Thresholds,
     UncertaintySignal,
     UncertaintyValues,
     assess_frame,
     future_stamp_problem,
+    model_range_problem,
+    signal_problem,
     stamp_problem,
 )
 from uq_autonomy.arbitration_params import (
@@ -35,26 +39,189 @@ REPO = Path(__file__).resolve().parents[3]
 
 def det(gp: float = 0.1, mi: float = 0.01, *, cls: str = 'cup', index: int = 0, track: int = -1,
         x: float = 320.0, y: float = 240.0, w: float = 20.0, h: float = 20.0,
-        probs: int = 2) -> DetectionSummary:
+        probs: int = 2, score: float = NO_CALIBRATED_SCORE) -> DetectionSummary:
     return DetectionSummary(cls, index, track, x, y, w, h, gp, mi,
-                            (1.0 / probs,) * probs if probs else ())
+                            (1.0 / probs,) * probs if probs else (), calibrated_score=score)
+
+
+# Most examples below are in raw GP-variance units with these round thresholds (the expert
+# mode); the calibrated score, the default, has tests of its own.
+RAW = Thresholds(up=(1.0, 0.5, 0.25), down=(2.0, 1.0, 0.5))
+
+
+def config(**kwargs) -> ArbiterConfig:
+    return ArbiterConfig(**{'uncertainty_signal': 'gp_variance', 'gp_variance_thresholds': RAW,
+                            **kwargs})
 
 
 # -- frame checks and selection -----------------------------------------------------------
 
 def test_highest_uncertainty_drives_by_default():
-    p = assess_frame([det(0.2), det(1.5), det(0.7)], 2, ArbiterConfig())
+    p = assess_frame([det(0.2), det(1.5), det(0.7)], 2, config())
     assert p.usable and p.index == 1 and p.uncertainty == pytest.approx(1.5)
+    assert ArbiterConfig().driving_detection is DrivingDetection.HIGHEST_UNCERTAINTY
+
+
+def test_the_calibrated_score_drives_by_default():
+    assert ArbiterConfig().uncertainty_signal is UncertaintySignal.CALIBRATED_SCORE
+    frame = [det(5.0, score=0.2), det(1e-6, score=0.97), det(0.1, score=0.5)]
+    p = assess_frame(frame, 2, ArbiterConfig())
+    assert p.usable and p.index == 1 and p.uncertainty == pytest.approx(0.97)
+
+
+def test_a_candidate_without_a_calibrated_score_makes_the_frame_unusable():
+    # -1: the model has no score reference; such a detection could be the most uncertain.
+    p = assess_frame([det(score=0.3), det(score=NO_CALIBRATED_SCORE)], 2, ArbiterConfig())
+    assert not p.usable and 'detection 1 has no calibrated_score' in p.reason
+    # Not a candidate under the selection: the others still drive.
+    cfg = ArbiterConfig(driving_detection='track_id', target_track_id=4)
+    assert assess_frame([det(score=0.3, track=4), det(track=5)], 2, cfg).usable
+
+
+@pytest.mark.parametrize('score', [math.nan, 1.5, -0.5, -1.0 + 1e-6, math.inf])
+def test_a_calibrated_score_is_in_the_unit_interval_or_exactly_minus_one(score):
+    for cfg in (ArbiterConfig(), config()):  # checked whichever signal drives
+        p = assess_frame([det(score=0.2), det(score=score)], 2, cfg)
+        assert not p.usable and 'calibrated_score' in p.reason
+    p = assess_frame([det()], 2, config(), UncertaintyValues(calibrated_score=score))
+    assert not p.usable and 'frame-level uncertainty' in p.reason
+
+
+@pytest.mark.parametrize(('up', 'down'), [
+    ((0.95, 0.93, 0.91), (1.0, 0.95, 0.93)),   # a score never exceeds 1
+    ((0.95, 0.93, 0.0), (0.98, 0.95, 0.93)),    # nor falls below 0
+    ((0.95, 0.93, 0.91), (1.5, 0.95, 0.93)),
+])
+def test_calibrated_score_thresholds_must_be_able_to_fire(up, down):
+    with pytest.raises(ValueError, match=r'calibrated_score thresholds must lie in \(0, 1\)'):
+        ArbiterConfig(calibrated_score_thresholds=Thresholds(up=up, down=down))
+
+
+# The shipped model's figures (models/detector_gp.npz) and the raw thresholds that
+# config/arbitration.yaml shipped before the calibrated score: three orders of magnitude
+# above anything the model produces.
+SHIPPED = ModelRange('centernet-test', reference_variance_max=1.06e-3, ood_threshold=3.7e-4)
+PLACEHOLDERS = Thresholds(up=(1.0, 0.5, 0.25), down=(2.0, 1.0, 0.5))
+
+
+def test_raw_thresholds_that_cannot_fire_for_the_model_are_refused_in_one_line():
+    problem = signal_problem(UncertaintySignal.GP_VARIANCE, 'thresholds.gp_variance.down',
+                             PLACEHOLDERS.down, SHIPPED)
+    assert problem is not None and '\n' not in problem
+    assert problem.startswith('thresholds.gp_variance.down [2, 1, 0.5] cannot fire')
+    assert 'centernet-test' in problem and '0.00106 logit^2' in problem
+    # Up to ten times the largest validation variance is accepted (unknown objects go
+    # beyond the known ones), and so are thresholds of the model's own scale.
+    for down in ((1.06e-2, 1e-3, 5e-4), (3.7e-4, 3.4e-4, 3.1e-4)):
+        assert signal_problem(UncertaintySignal.GP_VARIANCE, 'x', down, SHIPPED) is None
+    # Without the model's range (-1) there is nothing to check against.
+    assert signal_problem(UncertaintySignal.GP_VARIANCE, 'x', PLACEHOLDERS.down,
+                          ModelRange('old')) is None
+
+
+def test_the_calibrated_score_is_refused_for_a_model_without_a_score_reference():
+    problem = signal_problem(UncertaintySignal.CALIBRATED_SCORE, 'x', (0.98, 0.95, 0.93),
+                             ModelRange('old-model'))
+    assert "model 'old-model' has no score reference" in problem
+    assert signal_problem(UncertaintySignal.CALIBRATED_SCORE, 'x', (0.98,), SHIPPED) is None
+    # 0 is what a producer that leaves the field unset sends: no range either.
+    assert not ModelRange('m', 0.0).has_score_reference
+    assert 'no score reference' in signal_problem(UncertaintySignal.CALIBRATED_SCORE, 'x',
+                                                  (0.98,), ModelRange('m', 0.0))
+
+
+def test_a_refused_signal_holds_teleoperation_and_a_fixed_parameter_releases_it():
+    arbiter = Arbiter(config(min_dwell_s=0.0, gp_variance_thresholds=PLACEHOLDERS), 0.0)
+    t = 0.0
+    for _ in range(5):
+        t += 0.1
+        step = arbiter.observe(t, [det(5e-4, score=0.98)], 2, model=SHIPPED)
+    assert step.state.level == Level.TELEOPERATION and step.state.perception_stale
+    assert step.state.reason.startswith('refused: thresholds.gp_variance.down [2, 1, 0.5]')
+    assert arbiter.signal_problem == step.state.reason.removeprefix('refused: ')
+    # The same frames under the calibrated score: an unknown object (0.98 > down[0]) keeps
+    # teleoperation, now for the right reason; a familiar one climbs.
+    step = arbiter.set_config(ArbiterConfig(min_dwell_s=0.0), t)
+    assert arbiter.signal_problem is None and not step.state.perception_stale
+    assert step.state.level == Level.TELEOPERATION
+    for _ in range(4):
+        t += 0.1
+        step = arbiter.observe(t, [det(5e-5, score=0.4)], 2, model=SHIPPED)
+    assert step.state.level == Level.ASSISTANCE
+    step = arbiter.observe(t + 0.1, [det(5e-4, score=0.99)], 2, model=SHIPPED)
+    assert step.state.level == Level.TELEOPERATION
+    assert 'calibrated_score 0.99 above down threshold 0.98' in step.state.reason
+
+
+def test_model_figures_are_checked_by_rule():
+    for bad in (ModelRange('m', math.nan), ModelRange('m', 1e-3, -0.5),
+                ModelRange('m', -2.0), ModelRange('m', 1e-3, math.inf)):
+        assert model_range_problem(bad) is not None
+        step = Arbiter(ArbiterConfig(), 0.0).observe(0.1, [det(score=0.1)], 2, model=bad)
+        assert step.state.perception_stale and 'invalid DetectionArray' in step.state.reason
+    for good in (SHIPPED, ModelRange(), ModelRange('m', 0.0, 0.0)):
+        assert model_range_problem(good) is None
+
+
+# -- the autonomy's target ----------------------------------------------------------------
+
+def test_autonomy_target_follows_the_announced_track_only():
+    cfg = ArbiterConfig(driving_detection='autonomy_target')
+    frame = [det(score=0.99, track=3, cls='ellipsoid'), det(score=0.2, track=8)]
+    assert not assess_frame(frame, 2, cfg).usable  # nothing announced
+    assert 'announces no target' in assess_frame(frame, 2, cfg, None, -1).reason
+    p = assess_frame(frame, 2, cfg, None, 8)
+    assert p.usable and p.index == 1 and p.uncertainty == pytest.approx(0.2)
+    missing = assess_frame(frame, 2, cfg, None, 5)
+    assert not missing.usable and missing.target_missing and 'track 5 not detected' in \
+        missing.reason
+
+
+def test_a_frame_without_the_announced_target_counts_as_no_new_perception():
+    arbiter = Arbiter(ArbiterConfig(driving_detection='autonomy_target', min_dwell_s=0.0,
+                                    perception_deadline_s=0.5), 0.0)
+    t = 0.0
+    for _ in range(4):
+        t += 0.1
+        arbiter.autonomy_target(t, 7)
+        arbiter.observe(t, [det(score=0.3, track=7), det(score=0.99, track=2)], 2)
+    assert arbiter.level == Level.ASSISTANCE  # the uncertain track 2 is not the target
+    # The autonomy switches to track 9, not yet in the frame at hand: the level holds ...
+    arbiter.autonomy_target(t + 0.05, 9)
+    step = arbiter.observe(t + 0.1, [det(score=0.3, track=7)], 2)
+    assert step.state.level == Level.ASSISTANCE and not step.state.perception_stale
+    # ... until the deadline after the last frame that had the target.
+    step = arbiter.step(t + 0.51)
+    assert step.state.level == Level.TELEOPERATION and step.state.perception_stale
+    assert 'perception stale: no valid DetectionArray within 0.5 s' in step.state.reason
+    # An uncertain target ends assistance at once.
+    arbiter = Arbiter(ArbiterConfig(driving_detection='autonomy_target', min_dwell_s=0.0), 0.0)
+    for _ in range(4):
+        t += 0.1
+        arbiter.autonomy_target(t, 7)
+        arbiter.observe(t, [det(score=0.3, track=7), det(score=0.2, track=9)], 2)
+    arbiter.autonomy_target(t + 0.05, 9)
+    step = arbiter.observe(t + 0.1, [det(score=0.3, track=7), det(score=0.99, track=9)], 2)
+    assert step.state.level == Level.TELEOPERATION and not step.state.perception_stale
+
+
+def test_an_old_announcement_counts_as_none():
+    arbiter = Arbiter(ArbiterConfig(driving_detection='autonomy_target', min_dwell_s=0.0,
+                                    autonomy_timeout_s=0.5), 0.0)
+    arbiter.autonomy_target(0.0, 7)
+    assert arbiter.observe(0.4, [det(score=0.3, track=7)], 2).state.perception_stale is False
+    step = arbiter.observe(0.6, [det(score=0.3, track=7)], 2)
+    assert step.state.perception_stale and 'announces no target' in step.state.reason
 
 
 def test_mutual_information_signal_reads_the_other_field():
-    cfg = ArbiterConfig(uncertainty_signal='mutual_information')
+    cfg = config(uncertainty_signal='mutual_information')
     p = assess_frame([det(5.0, 0.02), det(0.1, 0.4)], 2, cfg)
     assert p.index == 1 and p.uncertainty == pytest.approx(0.4)
 
 
 def test_target_class_takes_the_most_uncertain_of_that_class():
-    cfg = ArbiterConfig(driving_detection=DrivingDetection.TARGET_CLASS, target_class='box')
+    cfg = config(driving_detection=DrivingDetection.TARGET_CLASS, target_class='box')
     frame = [det(3.0, cls='cup'), det(0.3, cls='box', index=1), det(0.6, cls='box', index=1)]
     p = assess_frame(frame, 2, cfg)
     assert p.usable and p.index == 2
@@ -63,14 +230,14 @@ def test_target_class_takes_the_most_uncertain_of_that_class():
 
 
 def test_track_id_selection():
-    cfg = ArbiterConfig(driving_detection='track_id', target_track_id=7)
+    cfg = config(driving_detection='track_id', target_track_id=7)
     p = assess_frame([det(3.0, track=1), det(0.4, track=7)], 2, cfg)
     assert p.usable and p.index == 1
     assert not assess_frame([det(0.4, track=1)], 2, cfg).usable
 
 
 def test_nearest_center_selection():
-    cfg = ArbiterConfig(driving_detection='nearest_center', image_width=200, image_height=100)
+    cfg = config(driving_detection='nearest_center', image_width=200, image_height=100)
     frame = [det(3.0, x=10.0, y=10.0), det(0.4, x=110.0, y=45.0), det(0.9, x=150.0, y=90.0)]
     p = assess_frame(frame, 2, cfg)
     assert p.index == 1 and p.uncertainty == pytest.approx(0.4)
@@ -91,7 +258,7 @@ def test_nearest_center_selection():
     ([det(0.1, probs=0)], 2, '0 class probabilities for 2 classes'),
 ])
 def test_broken_frames_are_unusable_with_a_reason(frame, n_classes, needle):
-    p = assess_frame(frame, n_classes, ArbiterConfig())
+    p = assess_frame(frame, n_classes, config())
     assert not p.usable and needle in p.reason and math.isnan(p.uncertainty)
 
 
@@ -123,7 +290,7 @@ def test_every_field_of_every_detection_is_checked_not_only_the_driving_signal()
                             'sum to 0.7'),
     }
     for signal in ('gp_variance', 'mutual_information'):
-        cfg = ArbiterConfig(uncertainty_signal=signal)
+        cfg = config(uncertainty_signal=signal)
         assert assess_frame([base], 2, cfg).usable
         for name, (broken, needle) in cases.items():
             p = assess_frame([base, broken], 2, cfg)
@@ -132,14 +299,14 @@ def test_every_field_of_every_detection_is_checked_not_only_the_driving_signal()
 
 def test_frame_level_uncertainty_is_checked():
     good = UncertaintyValues(gp_variance=0.1, mutual_information=0.01)
-    assert assess_frame([det()], 2, ArbiterConfig(), good).usable
+    assert assess_frame([det()], 2, config(), good).usable
     bad = UncertaintyValues(gp_variance=math.nan)
-    p = assess_frame([det()], 2, ArbiterConfig(), bad)
+    p = assess_frame([det()], 2, config(), bad)
     assert not p.usable and 'frame-level uncertainty' in p.reason
 
 
 def test_too_many_detections_is_refused_before_any_detection_is_read():
-    cfg = ArbiterConfig(max_detections=3)
+    cfg = config(max_detections=3)
     assert assess_frame([det()] * 3, 2, cfg).usable
     # The fourth detection is broken, but the count alone decides.
     p = assess_frame([det()] * 3 + [det(math.nan)], 2, cfg)
@@ -154,7 +321,7 @@ def test_too_many_detections_is_refused_before_any_detection_is_read():
     (math.nan, 100.0, 'not comparable'),
 ])
 def test_bad_stamps_are_reported(stamp, clock, needle):
-    problem = stamp_problem(stamp, clock, ArbiterConfig())
+    problem = stamp_problem(stamp, clock, config())
     assert problem is not None and needle in problem
 
 
@@ -162,7 +329,7 @@ def test_bad_stamps_are_reported(stamp, clock, needle):
     (0.0, False), (100.0, False), (100.25, False), (100.3, True), (3700.0, True)])
 def test_future_stamp_rule_is_the_future_half_of_the_stamp_rule(stamp, ahead):
     """Nodes that accept old frames (ask-for-help) reuse it with their own bound."""
-    cfg = ArbiterConfig()
+    cfg = config()
     problem = future_stamp_problem(stamp, 100.0, cfg.max_future_stamp_s)
     if ahead:
         assert problem == stamp_problem(stamp, 100.0, cfg)
@@ -173,13 +340,13 @@ def test_future_stamp_rule_is_the_future_half_of_the_stamp_rule(stamp, ahead):
 
 
 def test_recent_stamps_pass():
-    cfg = ArbiterConfig()
+    cfg = config()
     for stamp in (100.0, 99.5, 99.01, 100.2):
         assert stamp_problem(stamp, 100.0, cfg) is None
 
 
 def test_invalid_frame_and_reset_force_teleoperation():
-    arb = Arbiter(ArbiterConfig(min_dwell_s=0.0), 0.0)
+    arb = Arbiter(config(min_dwell_s=0.0), 0.0)
     t = 0.0
     for _ in range(4):
         t += 0.05
@@ -199,7 +366,7 @@ def test_invalid_frame_and_reset_force_teleoperation():
 
 
 def test_commands_sent_respect_speed_and_acceleration_limits():
-    cfg = ArbiterConfig(max_linear_speed=1.0, max_angular_speed=0.5, max_linear_accel=2.0,
+    cfg = config(max_linear_speed=1.0, max_angular_speed=0.5, max_linear_accel=2.0,
                         max_angular_accel=1.0)
     arb = Arbiter(cfg, 0.0)
     huge = np.array([1.7e308, 0.0, 0.0, 0.0, 0.0, -1e300])
@@ -225,17 +392,17 @@ def test_commands_sent_respect_speed_and_acceleration_limits():
 
 
 def test_lowered_speed_limit_wins_over_the_acceleration_limit():
-    arb = Arbiter(ArbiterConfig(), 0.0)
+    arb = Arbiter(config(), 0.0)
     t = 0.0
     for _ in range(20):
         t += 0.05
         arb.command_to_send(t, [1.0, 0, 0, 0, 0, 0])
-    arb.set_config(ArbiterConfig(max_linear_speed=0.2), t)
+    arb.set_config(config(max_linear_speed=0.2), t)
     assert arb.command_to_send(t + 0.05, [1.0, 0, 0, 0, 0, 0])[0] == pytest.approx(0.2)
 
 
 def test_rounding_below_zero_is_tolerated():
-    p = assess_frame([det(-1e-9)], 2, ArbiterConfig())
+    p = assess_frame([det(-1e-9)], 2, config())
     assert p.usable and p.uncertainty == 0.0
 
 
@@ -307,7 +474,7 @@ def _climb(arbiter: Arbiter, t: float, u: float, until: Level, period: float = 0
 
 
 def test_climbs_one_level_per_dwell_and_drops_at_once():
-    cfg = ArbiterConfig(min_dwell_s=1.0)
+    cfg = config(min_dwell_s=1.0)
     arbiter = Arbiter(cfg, 0.0)
     ups = []
     t = 0.0
@@ -326,7 +493,7 @@ def test_climbs_one_level_per_dwell_and_drops_at_once():
 
 
 def test_intermediate_drop_lands_on_the_right_level():
-    arbiter = Arbiter(ArbiterConfig(min_dwell_s=0.0), 0.0)
+    arbiter = Arbiter(config(min_dwell_s=0.0), 0.0)
     t = _climb(arbiter, 0.0, 0.01, Level.ASSISTANCE)
     # down = (2, 1, 0.5): 0.8 ends assistance (> 0.5) but not shared (<= 1).
     step = arbiter.observe(t + 0.1, [det(0.8)], 2)
@@ -334,7 +501,7 @@ def test_intermediate_drop_lands_on_the_right_level():
 
 
 def test_stale_perception_falls_back_and_recovers_after_dwell():
-    arbiter = Arbiter(ArbiterConfig(min_dwell_s=0.5, perception_deadline_s=0.3), 0.0)
+    arbiter = Arbiter(config(min_dwell_s=0.5, perception_deadline_s=0.3), 0.0)
     t = _climb(arbiter, 0.0, 0.01, Level.SHARED)
     assert arbiter.step(t + 0.29).state.level == Level.SHARED  # within the deadline
     step = arbiter.step(t + 0.31)
@@ -348,7 +515,7 @@ def test_stale_perception_falls_back_and_recovers_after_dwell():
 
 def test_perception_is_usable_up_to_and_including_the_deadline():
     # Binary fractions, so that the age at the boundary is exactly the deadline.
-    arbiter = Arbiter(ArbiterConfig(min_dwell_s=0.0, perception_deadline_s=0.25), 0.0)
+    arbiter = Arbiter(config(min_dwell_s=0.0, perception_deadline_s=0.25), 0.0)
     assert _climb(arbiter, 0.0, 0.01, Level.ASSISTANCE) < 2.0
     assert arbiter.observe(2.0, [det(0.01)], 2).state.level == Level.ASSISTANCE
     at_deadline = arbiter.step(2.25).state
@@ -359,7 +526,7 @@ def test_perception_is_usable_up_to_and_including_the_deadline():
 
 
 def test_override_forces_a_level_and_expires():
-    arbiter = Arbiter(ArbiterConfig(min_dwell_s=10.0), 0.0)
+    arbiter = Arbiter(config(min_dwell_s=10.0), 0.0)
     arbiter.observe(0.1, [det(1.5)], 2)  # between up[0] and down[0]: teleoperation holds
     ok, message, step = arbiter.set_override(0.2, 3, 1.0)
     assert ok and 'assistance for 1 s' in message
@@ -375,7 +542,7 @@ def test_override_forces_a_level_and_expires():
 
 
 def test_override_release_and_refusals():
-    arbiter = Arbiter(ArbiterConfig(), 0.0)
+    arbiter = Arbiter(config(), 0.0)
     arbiter.observe(0.1, [det(0.01)], 2)
     assert arbiter.set_override(0.2, 4, 1.0)[0] is False
     assert arbiter.set_override(0.2, 2, -1.0)[0] is False
@@ -391,7 +558,7 @@ def test_override_release_and_refusals():
 
 
 def test_override_waits_while_perception_is_unusable():
-    arbiter = Arbiter(ArbiterConfig(), 0.0)
+    arbiter = Arbiter(config(), 0.0)
     arbiter.observe(0.1, [det(math.nan)], 2)
     ok, message, step = arbiter.set_override(0.2, 3, 5.0)
     assert ok and 'held at teleoperation' in message
@@ -399,11 +566,11 @@ def test_override_waits_while_perception_is_unusable():
 
 
 def test_switching_signal_reassesses_the_latest_frame():
-    arbiter = Arbiter(ArbiterConfig(min_dwell_s=0.0), 0.0)
+    arbiter = Arbiter(config(min_dwell_s=0.0), 0.0)
     t = _climb(arbiter, 0.0, 0.01, Level.ASSISTANCE)
     arbiter.observe(t, [det(0.01, mi=0.45)], 2)
     assert arbiter.level == Level.ASSISTANCE
-    mi_config = ArbiterConfig(min_dwell_s=0.0, uncertainty_signal='mutual_information')
+    mi_config = config(min_dwell_s=0.0, uncertainty_signal='mutual_information')
     step = arbiter.set_config(mi_config, t + 0.01)
     # MI 0.45 > down (0.5, 0.3, 0.1)[1] -> guided at once.
     assert step.state.level == Level.GUIDED and step.state.uncertainty_signal.value == \
@@ -412,7 +579,7 @@ def test_switching_signal_reassesses_the_latest_frame():
 
 
 def test_operator_timeout_gives_zero_and_nonfinite_commands_are_ignored():
-    arbiter = Arbiter(ArbiterConfig(operator_timeout_s=0.5), 0.0)
+    arbiter = Arbiter(config(operator_timeout_s=0.5), 0.0)
     assert arbiter.operator_command(0.0, [0.3, 0, 0, 0, 0, 0.1])
     assert not arbiter.operator_command(0.1, [math.nan, 0, 0, 0, 0, 0])
     assert not arbiter.operator_command(0.1, [1.0, 2.0])

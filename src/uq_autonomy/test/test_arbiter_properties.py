@@ -46,7 +46,9 @@ def thresholds(draw: st.DrawFn) -> Thresholds:
 
 @st.composite
 def configs(draw: st.DrawFn) -> ArbiterConfig:
+    # Raw GP variance: its thresholds may be any ordered non-negative numbers.
     return ArbiterConfig(
+        uncertainty_signal='gp_variance',
         gp_variance_thresholds=draw(thresholds()),
         min_dwell_s=draw(st.sampled_from([0.0, 0.05, 0.3, 1.0])),
         perception_deadline_s=draw(st.floats(0.05, 1.0)),

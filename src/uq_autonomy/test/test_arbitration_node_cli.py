@@ -38,7 +38,7 @@ def test_help_answers_without_ros():
 
 
 @pytest.mark.parametrize(('yaml_body', 'needle'), [
-    ('thresholds:\n      gp_variance:\n        down: [2.0, 0.4, 0.3]', 'down[1] > up[1]'),
+    ('thresholds:\n      calibrated_score:\n        down: [0.98, 0.9, 0.85]', 'down[1] > up[1]'),
     ('min_dwel_s: 1.0', 'unknown parameters for arbitration_node: min_dwel_s'),
     ('operator_deadband: -1.0', 'operator_deadband'),
 ], ids=['unordered-thresholds', 'misspelt-name', 'out-of-range'])
@@ -84,8 +84,8 @@ def test_shipped_config_starts_publishes_latched_state_and_stops_on_sigint():
         assert states, f'no AutonomyState from the node; its output: {"".join(output)}'
         state = states[-1]
         assert state.level == 0 and state.perception_stale
-        assert list(state.up_thresholds) == pytest.approx([1.0, 0.5, 0.25])
-        assert state.uncertainty_signal == 'gp_variance'
+        assert list(state.up_thresholds) == pytest.approx([0.95, 0.93, 0.91])
+        assert state.uncertainty_signal == 'calibrated_score'
     finally:
         executor.shutdown()
         listener.destroy_node()

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from diagnostic_msgs.msg import DiagnosticArray
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from geometry_msgs.msg import Twist
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
@@ -46,6 +46,11 @@ SCHEDULING_MARGIN_S = 0.3
 # 20 Hz, and a loaded CI machine has been seen to stall it for more than 0.3 s, which must
 # not count as silence there.
 RELAXED_DEADLINE_S = 2.0
+
+# Most tests drive the node in raw GP-variance units with round thresholds (the expert
+# mode); the calibrated score, the default, and the model-range check have tests of their own.
+RAW = {'uncertainty_signal': 'gp_variance', 'thresholds.gp_variance.up': [1.0, 0.5, 0.25],
+       'thresholds.gp_variance.down': [2.0, 1.0, 0.5]}
 
 OPERATOR = (0.02, 0.0, 0.0, 0.0, 0.0, 0.01)  # inside the 0.05 dead-band
 AUTONOMY = (0.4, 0.0, 0.0, 0.0, 0.0, -0.2)
@@ -86,7 +91,7 @@ class Harness:
     """The node under test plus a peer node that streams inputs and records outputs."""
 
     def __init__(self, context: Any, params: dict[str, Any], reliable_detections: bool = False):
-        params = {'perception_deadline_s': RELAXED_DEADLINE_S, **params}
+        params = {'perception_deadline_s': RELAXED_DEADLINE_S, **RAW, **params}
         self.node = ArbitrationNode(
             context=context,
             parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
@@ -489,7 +494,11 @@ def test_parameter_changes_are_validated_over_the_parameter_service(harness):
 def test_invalid_overrides_refuse_to_construct(module_ros_context):
     with pytest.raises(ConfigurationError, match='down\\[0\\] > up\\[0\\]'):
         ArbitrationNode(context=module_ros_context, parameter_overrides=[
+            Parameter('thresholds.gp_variance.up', value=[1.0, 0.5, 0.25]),
             Parameter('thresholds.gp_variance.down', value=[0.9, 0.8, 0.7])])
+    with pytest.raises(ConfigurationError, match='must lie in \\(0, 1\\)'):
+        ArbitrationNode(context=module_ros_context, parameter_overrides=[
+            Parameter('thresholds.calibrated_score.down', value=[1.0, 0.95, 0.93])])
     with pytest.raises(ConfigurationError, match='target_class'):
         ArbitrationNode(context=module_ros_context, parameter_overrides=[
             Parameter('driving_detection', value='target_class')])
@@ -506,3 +515,100 @@ def test_peek_reads_stamp_and_count_of_real_serialized_messages(frame_id, count)
     assert peek_detection_array(data) == (pytest.approx(1234.5), count)
     assert peek_detection_array(data[:10]) is None
     assert peek_detection_array(b'\xff\xff' + data[2:]) is None  # unknown encapsulation
+
+
+def scored(score: float, reference_variance_max: float = 1.06e-3) -> DetectionArray:
+    """A frame of the shipped model's kind: a calibrated score and the model's range."""
+    msg = frame(5e-5)
+    msg.detections[0].uncertainty.calibrated_score = score
+    msg.uncertainty = msg.detections[0].uncertainty
+    msg.model_id = 'centernet-test'
+    msg.reference_variance_max = reference_variance_max
+    msg.ood_threshold = 3.7e-4
+    return msg
+
+
+def test_the_calibrated_score_drives_the_level(harness):
+    h = harness(min_dwell_s=0.05, uncertainty_signal='calibrated_score')
+    h.frame = scored(0.4)
+    _, state = h.wait_state(lambda s: s.level == ASSIST, 'climb on a familiar score')
+    assert state.uncertainty_signal == 'calibrated_score'
+    assert list(state.up_thresholds) == pytest.approx([0.95, 0.93, 0.91])
+    mark = h.mark()
+    h.frame = scored(0.99)  # more uncertain than 99 % of the known validation objects
+    _, state = h.wait_state(lambda s: s.level == TELEOP, 'hand back', since=mark)
+    assert 'calibrated_score 0.99 above down threshold 0.98' in state.reason
+    assert not state.perception_stale
+
+
+def test_raw_thresholds_beyond_the_model_are_refused_and_a_fixed_parameter_recovers(
+        harness, capfd):
+    # The raw thresholds config/arbitration.yaml shipped before the calibrated score.
+    h = harness(min_dwell_s=0.05, diagnostics_period_s=0.2)
+    h.frame = scored(0.4)
+    _, state = h.wait_state(lambda s: s.reason.startswith('refused:'), 'refusal')
+    assert state.level == TELEOP and state.perception_stale
+    assert 'thresholds.gp_variance.down [2, 1, 0.5] cannot fire' in state.reason
+    assert '0.00106 logit^2' in state.reason
+    def error_status() -> DiagnosticStatus | None:
+        return next((s for d in h.diagnostics[-3:] for s in d.status
+                     if s.level == DiagnosticStatus.ERROR and 'cannot fire' in s.message), None)
+
+    diag = h.wait(error_status, 'an ERROR status on /diagnostics')
+    problem = {kv.key: kv.value for kv in diag.values}['signal_problem']
+    assert diag.message == f'teleoperation: refused: {problem}'
+    time.sleep(1.0)  # frames keep coming: still refused, and logged once only
+    assert all(s.level == TELEOP for _, s in h.states)
+    logged = capfd.readouterr().err
+    assert logged.count('cannot fire for model') == 1, logged
+    client = AsyncParameterClient(h.peer, 'arbitration_node')
+    assert client.wait_for_services(timeout_sec=TIMEOUT_S)
+    mark = h.mark()
+    future = client.set_parameters([Parameter('uncertainty_signal', value='calibrated_score')])
+    h.wait(future.done, 'set_parameters response')
+    assert future.result().results[0].successful
+    h.wait_state(lambda s: s.level == ASSIST, 'climb once the signal suits the model', since=mark)
+
+
+def test_a_model_without_a_score_reference_is_refused_for_the_calibrated_score(harness):
+    h = harness(uncertainty_signal='calibrated_score')
+    h.frame = scored(-1.0, reference_variance_max=-1.0)
+    _, state = h.wait_state(lambda s: 'has no score reference' in s.reason, 'refusal')
+    assert state.level == TELEOP and state.perception_stale
+
+
+def test_the_autonomy_target_drives_the_level(harness):
+    from std_msgs.msg import Int32
+
+    h = harness(min_dwell_s=0.05, uncertainty_signal='calibrated_score',
+                driving_detection='autonomy_target')
+    target_pub = h.peer.create_publisher(Int32, 'autonomy/target_track_id', 10)
+    msg = scored(0.3)
+    uncertain = Detection()
+    uncertain.class_id, uncertain.class_index, uncertain.score, uncertain.track_id = \
+        'cup', 0, 0.9, 8
+    uncertain.class_probabilities = [0.7, 0.3]
+    uncertain.center_x, uncertain.center_y, uncertain.width, uncertain.height = \
+        100.0, 100.0, 20.0, 20.0
+    uncertain.uncertainty.calibrated_score = 0.995
+    msg.detections = [msg.detections[0], uncertain]  # track 3 familiar, track 8 not
+    h.frame = msg
+    stop = threading.Event()
+    announced = [3]
+
+    def announce() -> None:
+        while not stop.is_set():
+            target_pub.publish(Int32(data=announced[0]))
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=announce, daemon=True)
+    thread.start()
+    try:
+        h.wait_state(lambda s: s.level == ASSIST, 'climb on the familiar target')
+        mark = h.mark()
+        announced[0] = 8  # the autonomy now reaches for the unfamiliar object
+        _, state = h.wait_state(lambda s: s.level == TELEOP, 'hand back', since=mark)
+        assert 'calibrated_score 0.995 above' in state.reason
+    finally:
+        stop.set()
+        thread.join(timeout=5.0)

@@ -45,7 +45,10 @@ def detection(track_id: int, class_id: str = 'mug',
     d.class_id, d.class_index, d.score, d.track_id = class_id, 0, 0.9, track_id
     d.class_probabilities = list(probabilities)
     d.center_x, d.center_y, d.width, d.height = 32.0, 24.0, 20.0, 16.0
-    d.uncertainty.gp_variance = 1.0  # far above the default threshold: asked after 4 frames
+    # Above the default threshold (more uncertain than 99.9 % of the model's known
+    # validation objects): asked after 4 frames.
+    d.uncertainty.calibrated_score = 0.999
+    d.uncertainty.gp_variance = 1e-3
     d.embedding = [1.0, 0.0, 0.0, 0.0]
     return d
 
@@ -102,8 +105,11 @@ class Harness:
         return int(self.counters.get(name, '0'))
 
     def send(self, detections: list[Detection], class_names: tuple[str, ...] = ('mug', 'box'),
-             ahead_s: float = 0.0, image: dict | None = None) -> None:
-        """One camera frame and its detections, stamped now (plus ``ahead_s``)."""
+             ahead_s: float = 0.0, image: dict | None = None,
+             reference_variance_max: float = 1.06e-3) -> None:
+        """One camera frame and its detections, stamped now (plus ``ahead_s``), from a model
+        whose known validation objects reach ``reference_variance_max`` (-1: no score
+        reference)."""
         sec, nanosec = divmod(self.peer.get_clock().now().nanoseconds + int(ahead_s * 1e9),
                               1_000_000_000)
         header_stamp = Time(sec=sec, nanosec=nanosec)
@@ -111,7 +117,7 @@ class Harness:
         msg.header.stamp = header_stamp
         self.image_pub.publish(msg)
         array = DetectionArray(class_names=list(class_names), detections=detections,
-                               model_id='m1')
+                               model_id='m1', reference_variance_max=reference_variance_max)
         array.header.stamp = header_stamp
         self.det_pub.publish(array)
         time.sleep(FRAME_PERIOD_S)
@@ -206,3 +212,32 @@ def test_a_bad_labeler_is_refused_when_set_and_answers_keep_working(harness: Har
         request_id=request.request_id, label='teapot', labeler=''))
     h.wait(future.done, 'the answer acknowledged')
     assert future.result().accepted, future.result().message
+
+
+def test_a_signal_the_model_cannot_give_is_reported_and_ood_flags_still_ask(
+        ros_context: Any, tmp_path: Path) -> None:
+    # 0.5 logit^2 is far above ten times the model's largest validation variance, 1.06e-3.
+    h = Harness(ros_context, tmp_path / 'a.sqlite3', signal='gp_variance',
+                gp_variance_threshold=0.5)
+    try:
+        for _ in range(6):
+            h.send([detection(1)])
+        h.wait(lambda: 'cannot fire' in h.counters.get('signal_problem', ''), 'the report')
+        assert 'gp_variance_threshold [0.5]' in h.counters['signal_problem']
+        assert '0.00106 logit^2' in h.counters['signal_problem']
+        assert not h.requests  # 1e-3 is below 0.5: the threshold alone never asks
+        flagged = detection(2)
+        flagged.uncertainty.out_of_distribution = True
+        for _ in range(4):
+            h.send([flagged])
+        request = h.wait(lambda: h.requests and h.requests[0], 'a request from the OOD flag')
+        assert request.detection.track_id == 2 and 'out-of-distribution' in request.reason
+    finally:
+        h.close()
+    # A model without a score reference cannot give the default signal either.
+    h = Harness(ros_context, tmp_path / 'b.sqlite3')
+    try:
+        h.send([detection(3)], reference_variance_max=-1.0)
+        h.wait(lambda: 'no score reference' in h.counters.get('signal_problem', ''), 'report')
+    finally:
+        h.close()

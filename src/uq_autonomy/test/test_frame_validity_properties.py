@@ -2,7 +2,7 @@
 
 A valid frame is generated from scratch (a real distribution over the classes, entropies that
 fit it, a box inside a camera image), then exactly one field of one detection, or of the
-frame-level uncertainty, is corrupted. For both driving signals:
+frame-level uncertainty, is corrupted. For every driving signal:
 
 1. the uncorrupted frame is usable;
 2. the corrupted frame is unusable, its reason names the corrupted field, nothing raises;
@@ -49,7 +49,8 @@ def detections(draw: st.DrawFn, num_classes: int) -> DetectionSummary:
         height=draw(st.floats(1.0, 500.0)), gp_variance=draw(st.floats(0.0, 8.0)),
         mutual_information=pe - ee, class_probabilities=probs,
         score=draw(st.floats(0.0, 1.0)), predictive_entropy=pe, expected_entropy=ee,
-        max_probability=max(probs), class_variance=class_variance)
+        max_probability=max(probs), class_variance=class_variance,
+        calibrated_score=draw(st.floats(0.0, 1.0)))
 
 
 @st.composite
@@ -76,6 +77,9 @@ def corruptions(num_classes: int) -> st.SearchStrategy[tuple[str, dict, str]]:
                                                          too_big_entropy)),
         st.tuples(st.just('max_probability'), st.one_of(NON_FINITE, NEGATIVE,
                                                         st.floats(1.01, 1e6))),
+        # -1 is the one value outside [0, 1] a producer may send (no score reference).
+        st.tuples(st.just('calibrated_score'), st.one_of(
+            NON_FINITE, NEGATIVE.filter(lambda v: v != -1.0), st.floats(1.01, 1e6))),
     ]
     box = [st.tuples(st.sampled_from(['center_x', 'center_y', 'width', 'height']),
                      st.one_of(NON_FINITE, st.floats(1.01e5, 1e30))),
@@ -126,7 +130,7 @@ def corrupted_frames(draw: st.DrawFn):
     target = draw(st.integers(-1, len(frame) - 1))  # -1: the frame-level uncertainty
     frame_uncertainty = UncertaintyValues(gp_variance=0.2, mutual_information=0.01,
                                           predictive_entropy=0.3, expected_entropy=0.29,
-                                          max_probability=0.9)
+                                          max_probability=0.9, calibrated_score=0.5)
     uncertainty_fields = {f.name for f in dataclasses.fields(UncertaintyValues)}
     broken = list(frame)
     if target == -1 and field in uncertainty_fields:
@@ -164,7 +168,8 @@ def test_corrupted_frames_never_hold_a_level_above_teleoperation(data, signal):
     # Thresholds no generated value can fail, so the valid stream surely climbs.
     config = ArbiterConfig(uncertainty_signal=signal, min_dwell_s=0.0)
     certain = [dataclasses.replace(d, gp_variance=0.0, mutual_information=0.0,
-                                   predictive_entropy=0.0, expected_entropy=0.0)
+                                   predictive_entropy=0.0, expected_entropy=0.0,
+                                   calibrated_score=0.0)
                for d in frame]
     arbiter = Arbiter(config, 0.0)
     t = 0.0

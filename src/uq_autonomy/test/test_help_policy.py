@@ -39,14 +39,19 @@ def ids() -> callable:
 
 def obs(track_id: int, gp: float = 0.0, *, mi: float = 0.0, ood: bool = False,
         box: tuple[float, float, float, float] = (50.0, 50.0, 20.0, 20.0),
-        embedding: list[float] | None = None, class_index: int = 0) -> TrackObservation:
+        embedding: list[float] | None = None, class_index: int = 0,
+        score: float = -1.0) -> TrackObservation:
     return TrackObservation(track_id=track_id, class_index=class_index, class_name='mug',
                             gp_variance=gp, mutual_information=mi, out_of_distribution=ood,
-                            box=box, embedding=embedding, candidates=CANDIDATES)
+                            box=box, embedding=embedding, candidates=CANDIDATES,
+                            calibrated_score=score)
 
 
 def config(**kw: object) -> HelpPolicyConfig:
-    base = dict(gp_variance_threshold=0.02, window_frames=5, min_frames_above=4,
+    # Most examples are in raw GP-variance units (the expert mode); the calibrated score,
+    # the default signal, has tests of its own.
+    base = dict(signal='gp_variance', gp_variance_threshold=0.02, window_frames=5,
+                min_frames_above=4,
                 cooldown_s=0.0, requests_per_minute=100, requests_per_hour=1000)
     base.update(kw)
     base.setdefault('ood_min_frames', min(3, int(base['window_frames'])))  # type: ignore[call-overload]
@@ -64,7 +69,10 @@ def feed(policy: HelpPolicy, frames: list[list[TrackObservation]], t0: float = 0
 # -- configuration ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize(('kwargs', 'message'), [
-    ({'signal': 'entropy'}, r"signal must be one of 'gp_variance', 'mutual_information'"),
+    ({'signal': 'entropy'},
+     r"signal must be one of 'calibrated_score', 'gp_variance', 'mutual_information'"),
+    ({'calibrated_score_threshold': 1.0}, r'calibrated_score_threshold must be in \[0, 1\)'),
+    ({'calibrated_score_threshold': math.nan}, r'calibrated_score_threshold must be in'),
     ({'ood_mode': 'sometimes'}, r"ood_mode must be one of 'trigger', 'evidence', 'ignore'"),
     ({'window_frames': 0}, r'window_frames must be an integer >= 1, got 0'),
     ({'min_frames_above': 2.5}, r'min_frames_above must be an integer >= 1'),
@@ -93,7 +101,23 @@ def test_enum_values_accept_strings_and_threshold_follows_signal() -> None:
     assert cfg.ood_mode is OodMode.IGNORE
     assert cfg.threshold == 0.3
     assert with_threshold(cfg, 0.7).mutual_information_threshold == 0.7
-    assert with_threshold(HelpPolicyConfig(), 0.01).gp_variance_threshold == 0.01
+    assert with_threshold(HelpPolicyConfig(), 0.9).calibrated_score_threshold == 0.9
+    assert with_threshold(config(), 0.01).gp_variance_threshold == 0.01
+
+
+def test_the_calibrated_score_is_the_default_signal_and_its_reason_says_what_it_means() -> None:
+    cfg = HelpPolicyConfig(cooldown_s=0.0, ood_mode='ignore')
+    assert cfg.signal.value == 'calibrated_score' and cfg.threshold == 0.96
+    policy = HelpPolicy(cfg, new_request_id=ids())
+    # A raw variance says nothing here: only the score counts.
+    assert feed(policy, [[obs(3, 5.0, score=0.5)]] * 6) == []
+    decisions = feed(policy, [[obs(4, 1e-6, score=0.985)]] * 4)
+    assert len(decisions) == 1
+    assert decisions[0].reason.startswith(
+        "I don't know what this object is: calibrated score 0.985 above 0.960 (more uncertain "
+        'than 98.5 % of the known objects) in 4 of the last 4 frames')
+    # -1 (the model has no score reference) is never above a threshold.
+    assert feed(HelpPolicy(cfg), [[obs(5, 5.0, score=-1.0)]] * 6) == []
 
 
 def test_reconfigure_rejects_other_types() -> None:
@@ -400,7 +424,8 @@ def policy_configs(draw: st.DrawFn) -> HelpPolicyConfig:
     m = draw(st.integers(1, 5))
     per_minute = draw(st.integers(1, 4))
     return HelpPolicyConfig(
-        gp_variance_threshold=0.5, window_frames=m, min_frames_above=draw(st.integers(1, m)),
+        signal='gp_variance', gp_variance_threshold=0.5, window_frames=m,
+        min_frames_above=draw(st.integers(1, m)),
         ood_mode=draw(st.sampled_from(list(OodMode))), ood_min_frames=draw(st.integers(1, m)),
         cooldown_s=draw(st.sampled_from([0.0, 1.0, 7.5])),
         requests_per_minute=per_minute,

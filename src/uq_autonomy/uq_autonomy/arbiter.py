@@ -22,11 +22,11 @@ Level changes follow the driving uncertainty ``u`` with hysteresis. At level ``L
   dwell period.
 
 Fail-safe: when perception is unusable (no valid ``DetectionArray`` within the deadline, an
-invalid one -- any bad field, stamp or size, see :func:`assess_frame` -- or none holding the
-driving detection) the level is
-teleoperation, whatever the signal or a manual override says. An operator command older than
-its timeout counts as zero at levels 0-2; an autonomy command older than its timeout counts as
-zero everywhere.
+invalid one -- any bad field, stamp or size, see :func:`assess_frame` -- none holding the
+driving detection, or a signal the loaded model cannot give, see :func:`signal_problem`) the
+level is teleoperation, whatever the signal or a manual override says. An operator command
+older than its timeout counts as zero at levels 0-2; an autonomy command older than its
+timeout counts as zero everywhere.
 """
 
 
@@ -40,14 +40,20 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from uq_autonomy.arbiter_config import (
+    NO_CALIBRATED_SCORE,
+    NO_MODEL_FIGURE,
     NUM_LEVELS,
+    RAW_THRESHOLD_REACH,
     TWIST_SIZE,
     ArbiterConfig,
     DrivingDetection,
     Level,
+    ModelRange,
     Thresholds,
     UncertaintySignal,
+    model_range_problem,
     parse_enum,
+    signal_problem,
 )
 from uq_autonomy.frame_validity import (
     DetectionSummary,
@@ -63,11 +69,13 @@ from uq_autonomy.frame_validity import (
 # The arbiter's public names, including the configuration and frame checks it is built
 # from, so that its users import everything from here.
 __all__ = [
-    'NUM_LEVELS', 'TWIST_SIZE', 'Arbiter', 'ArbiterConfig', 'ArbiterState', 'DetectionSummary',
-    'DrivingDetection', 'Level', 'Perception', 'Step', 'Thresholds', 'Transition',
-    'UncertaintySignal', 'UncertaintyValues', 'assess_frame', 'blend_alpha',
+    'NO_CALIBRATED_SCORE', 'NO_MODEL_FIGURE', 'NUM_LEVELS', 'RAW_THRESHOLD_REACH',
+    'TWIST_SIZE', 'Arbiter', 'ArbiterConfig', 'ArbiterState', 'DetectionSummary',
+    'DrivingDetection', 'Level', 'ModelRange', 'Perception', 'Step', 'Thresholds',
+    'Transition', 'UncertaintySignal', 'UncertaintyValues', 'assess_frame', 'blend_alpha',
     'command_for_level', 'detection_problem', 'future_stamp_problem', 'limit_command',
-    'parse_enum', 'stamp_problem', 'too_many_detections',
+    'model_range_problem', 'parse_enum', 'signal_problem', 'stamp_problem',
+    'too_many_detections',
 ]
 
 
@@ -193,6 +201,16 @@ class Step:
     changed: bool
 
 
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    """The parts of the latest judged frame needed to judge it again."""
+
+    detections: Sequence[DetectionSummary]
+    num_classes: int
+    uncertainty: UncertaintyValues | None
+    model: ModelRange | None
+
+
 def _as_twist(command: ArrayLike) -> NDArray[np.float64] | None:
     vec = np.asarray(command, dtype=np.float64).reshape(-1)
     if vec.shape != (TWIST_SIZE,) or not np.all(np.isfinite(vec)):
@@ -222,9 +240,11 @@ class Arbiter:
         self._last_change = now
         self._up_since: float | None = None
         self._reason = 'start-up: waiting for perception'
-        self._frame: tuple[Sequence[DetectionSummary], int,
-                           UncertaintyValues | None] | None = None
+        self._frame: _Frame | None = None
         self._perception = Perception(False, math.nan, 'no DetectionArray received yet')
+        self._signal_problem: str | None = None
+        self._autonomy_target: int | None = None
+        self._autonomy_target_time = -math.inf
         self._perception_time: float | None = None
         self._stale = True
         self._operator: NDArray[np.float64] | None = None
@@ -246,6 +266,12 @@ class Arbiter:
         """Level in force after the latest decision."""
         return self._level
 
+    @property
+    def signal_problem(self) -> str | None:
+        """Why the signal and thresholds in force cannot gate the loaded model's detections
+        (:func:`signal_problem`), as found on the latest frame; None when they can."""
+        return self._signal_problem
+
     def _clock(self, now: float) -> float:
         self._now = max(self._now, now)
         return self._now
@@ -260,12 +286,44 @@ class Arbiter:
         self._config = config
         self._up_since = None
         if self._frame is not None:
-            detections, num_classes, frame_uncertainty = self._frame
-            self._perception = assess_frame(detections, num_classes, config, frame_uncertainty)
+            judged = self._judge(self._frame, now)
+            # The frame was judged once; a target it lacks under the new selection leaves
+            # it without a verdict of its own, like a frame that never came.
+            self._perception = judged if not judged.target_missing else Perception(
+                False, math.nan, judged.reason)
         return self.step(now)
 
+    def _judge(self, frame: _Frame, now: float) -> Perception:
+        """Verdict on ``frame`` under the configuration, its model and the autonomy's
+        announced target in force at ``now``."""
+        cfg = self._config
+        self._signal_problem = None
+        if frame.model is not None:
+            problem = model_range_problem(frame.model)
+            if problem is not None:
+                return Perception(False, math.nan, f'invalid DetectionArray: {problem}')
+            signal = cfg.uncertainty_signal
+            self._signal_problem = signal_problem(signal, f'thresholds.{signal.value}.down',
+                                                  cfg.thresholds.down, frame.model)
+            if self._signal_problem is not None:
+                return Perception(False, math.nan, f'refused: {self._signal_problem}')
+        fresh = now - self._autonomy_target_time <= cfg.autonomy_timeout_s
+        return assess_frame(frame.detections, frame.num_classes, cfg, frame.uncertainty,
+                            self._autonomy_target if fresh else None)
+
+    def autonomy_target(self, now: float, track_id: int) -> None:
+        """Record the track the autonomy is reaching for (negative: none), for
+        ``driving_detection`` ``autonomy_target``.
+
+        The next frame is judged on it; an announcement older than ``autonomy_timeout_s``
+        counts as none.
+        """
+        self._autonomy_target = int(track_id)
+        self._autonomy_target_time = self._clock(now)
+
     def observe(self, now: float, detections: Sequence[DetectionSummary],
-                num_classes: int, frame_uncertainty: UncertaintyValues | None = None) -> Step:
+                num_classes: int, frame_uncertainty: UncertaintyValues | None = None,
+                model: ModelRange | None = None) -> Step:
         """Take a perception frame received at ``now`` and decide.
 
         Parameters
@@ -278,10 +336,27 @@ class Arbiter:
             Number of class names in the frame (0 when the producer sends none).
         frame_uncertainty : UncertaintyValues, optional
             The frame-level uncertainty summary, checked too.
+        model : ModelRange, optional
+            What the frame says about its model; with it, a signal the model cannot give
+            is refused (:func:`signal_problem`, reported by :attr:`signal_problem`).
+
+        Notes
+        -----
+        Under ``driving_detection`` ``autonomy_target`` a valid frame without the announced
+        track counts as no new perception: the previous verdict stands until
+        ``perception_deadline_s`` after the last frame that had it. The announcement and
+        the frame come on separate topics, so the frame at hand may predate a newly chosen
+        target; a target missing for longer is the fail-safe's.
         """
         now = self._clock(now)
-        self._frame = (detections, num_classes, frame_uncertainty)
-        self._perception = assess_frame(detections, num_classes, self._config, frame_uncertainty)
+        frame = _Frame(detections, num_classes, frame_uncertainty, model)
+        judged = self._judge(frame, now)
+        if judged.target_missing:
+            if not self._perception.usable:
+                self._perception = judged
+            return self.step(now)
+        self._frame = frame
+        self._perception = judged
         self._perception_time = now
         return self.step(now)
 

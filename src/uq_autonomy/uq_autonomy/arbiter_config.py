@@ -7,6 +7,7 @@ thresholds that cannot work (see ``uq_autonomy.arbiter`` for what they mean).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 
@@ -35,10 +36,26 @@ class Level(IntEnum):
 
 
 class UncertaintySignal(StrEnum):
-    """Which epistemic uncertainty of a detection drives the level."""
+    """Which epistemic uncertainty of a detection drives the level.
 
+    ``calibrated_score`` (the default) is the fraction of the model's known validation
+    objects whose GP variance is below the detection's, in [0, 1]: its thresholds mean the
+    same for every model. ``gp_variance`` (logit^2) and ``mutual_information`` (nats) are
+    in the units of one model's GP: thresholds in them hold for that model only.
+    """
+
+    CALIBRATED_SCORE = 'calibrated_score'
     GP_VARIANCE = 'gp_variance'
     MUTUAL_INFORMATION = 'mutual_information'
+
+
+# ``Uncertainty.calibrated_score`` of a model without a score reference (outside [0, 1]).
+NO_CALIBRATED_SCORE = -1.0
+# ``DetectionArray.reference_variance_max`` / ``ood_threshold`` when the model has none.
+NO_MODEL_FIGURE = -1.0
+# Raw GP-variance thresholds more than this many times the loaded model's largest
+# validation variance cannot fire for it (its unknown objects stay within a few times that).
+RAW_THRESHOLD_REACH = 10.0
 
 
 class DrivingDetection(StrEnum):
@@ -48,6 +65,8 @@ class DrivingDetection(StrEnum):
     TARGET_CLASS = 'target_class'
     TRACK_ID = 'track_id'
     NEAREST_CENTER = 'nearest_center'
+    # The track the autonomy announces it is reaching for (``autonomy/target_track_id``).
+    AUTONOMY_TARGET = 'autonomy_target'
 
 
 def parse_enum(enum_type: type[Enum], value: object, what: str) -> Enum:
@@ -123,11 +142,14 @@ class ArbiterConfig:
     ----------
     uncertainty_signal : UncertaintySignal or str
         Signal that drives the level.
-    gp_variance_thresholds, mutual_information_thresholds : Thresholds
-        Thresholds per signal (logit^2 and nats), so switching the signal at run time
-        switches to thresholds in the right unit.
+    calibrated_score_thresholds, gp_variance_thresholds, mutual_information_thresholds : Thresholds
+        Thresholds per signal (unitless score in (0, 1), logit^2 and nats), so switching the
+        signal at run time switches to thresholds in the right unit. The defaults: score
+        thresholds of the simulation profile (``config/arbitration.yaml``); raw ones that
+        suit the shipped model only (``docs/arbitration.md``).
     driving_detection : DrivingDetection or str
-        How the driving detection is chosen in a frame.
+        How the driving detection is chosen in a frame; ``autonomy_target`` follows the
+        track the autonomy announces (:meth:`uq_autonomy.arbiter.Arbiter.autonomy_target`).
     target_class : str
         Class name for ``target_class`` selection.
     target_track_id : int
@@ -164,9 +186,12 @@ class ArbiterConfig:
         On any inconsistent or out-of-range value, naming it.
     """
 
-    uncertainty_signal: UncertaintySignal = UncertaintySignal.GP_VARIANCE
+    uncertainty_signal: UncertaintySignal = UncertaintySignal.CALIBRATED_SCORE
+    calibrated_score_thresholds: Thresholds = field(
+        default_factory=lambda: Thresholds(up=(0.95, 0.93, 0.91), down=(0.98, 0.95, 0.93)))
     gp_variance_thresholds: Thresholds = field(
-        default_factory=lambda: Thresholds(up=(1.0, 0.5, 0.25), down=(2.0, 1.0, 0.5)))
+        default_factory=lambda: Thresholds(up=(3.3e-4, 3.0e-4, 2.8e-4),
+                                           down=(3.7e-4, 3.4e-4, 3.1e-4)))
     mutual_information_thresholds: Thresholds = field(
         default_factory=lambda: Thresholds(up=(0.3, 0.15, 0.05), down=(0.5, 0.3, 0.1)))
     driving_detection: DrivingDetection = DrivingDetection.HIGHEST_UNCERTAINTY
@@ -194,6 +219,12 @@ class ArbiterConfig:
             UncertaintySignal, self.uncertainty_signal, 'uncertainty_signal'))
         object.__setattr__(self, 'driving_detection', parse_enum(
             DrivingDetection, self.driving_detection, 'driving_detection'))
+        score = self.calibrated_score_thresholds
+        # A score lies in [0, 1]: a down threshold at 1 or above could never end a level,
+        # an up threshold at 0 could never start one.
+        _require(score.down[0] < 1.0 and score.up[-1] > 0.0,
+                 'calibrated_score thresholds must lie in (0, 1) (a score is a fraction in '
+                 f'[0, 1]), got up={list(score.up)} down={list(score.down)}')
         if self.driving_detection is DrivingDetection.TARGET_CLASS:
             _require(bool(self.target_class),
                      "driving_detection 'target_class' needs a non-empty target_class")
@@ -226,4 +257,94 @@ class ArbiterConfig:
         """Thresholds of the signal in force."""
         if self.uncertainty_signal is UncertaintySignal.MUTUAL_INFORMATION:
             return self.mutual_information_thresholds
-        return self.gp_variance_thresholds
+        if self.uncertainty_signal is UncertaintySignal.GP_VARIANCE:
+            return self.gp_variance_thresholds
+        return self.calibrated_score_thresholds
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRange:
+    """What a ``uq_msgs/DetectionArray`` says about the model that produced it.
+
+    Attributes
+    ----------
+    model_id : str
+        The detector weights and GP artefact.
+    reference_variance_max : float
+        Largest GP variance (logit^2) of the known validation objects behind the
+        calibrated score, the model's range of raw variance; :data:`NO_MODEL_FIGURE` when
+        the model has no score reference (and so no calibrated score). 0, the value of a
+        producer that leaves the field unset, counts as none too: no GP gives every
+        validation object a variance of exactly 0.
+    ood_threshold : float
+        GP variance above which the detector flags a detection out of distribution;
+        :data:`NO_MODEL_FIGURE` when it has none.
+    """
+
+    model_id: str = ''
+    reference_variance_max: float = NO_MODEL_FIGURE
+    ood_threshold: float = NO_MODEL_FIGURE
+
+    @property
+    def has_score_reference(self) -> bool:
+        """Whether the model's detections carry a calibrated score."""
+        return self.reference_variance_max > 0.0
+
+
+def model_range_problem(model: ModelRange) -> str | None:
+    """Why ``model``'s figures are not valid message values, or None: each is finite and
+    either >= 0 or exactly :data:`NO_MODEL_FIGURE`."""
+    for name in ('reference_variance_max', 'ood_threshold'):
+        value = getattr(model, name)
+        if not math.isfinite(value) or (value < 0.0 and value != NO_MODEL_FIGURE):
+            return f'{name} {value} is neither >= 0 nor {NO_MODEL_FIGURE:g} (none)'
+    return None
+
+
+def signal_problem(signal: UncertaintySignal, raw_thresholds: str, down: Sequence[float],
+                   model: ModelRange) -> str | None:
+    """Why ``signal`` with these down thresholds cannot gate detections of ``model``, or None.
+
+    Parameters
+    ----------
+    signal : UncertaintySignal
+        The signal in force.
+    raw_thresholds : str
+        Name of the parameter holding the raw GP-variance thresholds, for the message.
+    down : sequence of float
+        The thresholds that end a level (or the one threshold that raises a request).
+    model : ModelRange
+        The loaded model's figures, from its latest ``DetectionArray``.
+
+    Returns
+    -------
+    str or None
+        One line naming the parameter and the model's range when
+
+        * the signal is ``calibrated_score`` and the model has no score reference (every
+          score is -1), or
+        * the signal is ``gp_variance`` and the largest threshold is more than
+          :data:`RAW_THRESHOLD_REACH` times the model's largest validation variance: such a
+          threshold is written for another model and would never hand control back.
+    """
+    name = model.model_id or 'without a model id'
+    if signal is UncertaintySignal.CALIBRATED_SCORE and not model.has_score_reference:
+        return (f'uncertainty signal calibrated_score: model {name!r} has no score reference '
+                f'(reference_variance_max {model.reference_variance_max:g}; its '
+                'calibrated_score means nothing); add one with `python -m '
+                'uq_perception.score_reference`, or use gp_variance with thresholds '
+                'calibrated for this model')
+    if signal is UncertaintySignal.GP_VARIANCE and model.has_score_reference:
+        reach = RAW_THRESHOLD_REACH * model.reference_variance_max
+        largest = max(down)
+        if largest > reach:
+            return (f'{raw_thresholds} {_listed(down)} cannot fire for model {name!r}: its '
+                    f'known validation objects have GP variance 0 to '
+                    f'{model.reference_variance_max:.3g} logit^2, and {largest:g} is above '
+                    f'{RAW_THRESHOLD_REACH:g}x that; use calibrated_score or raw thresholds '
+                    'calibrated for this model (docs/arbitration.md)')
+    return None
+
+
+def _listed(values: Sequence[float]) -> str:
+    return '[' + ', '.join(f'{v:g}' for v in values) + ']'

@@ -5,7 +5,9 @@ Thin ROS 2 adapter around :class:`uq_autonomy.arbiter.Arbiter` (all decisions li
 Subscribes
     ``detections`` (uq_msgs/DetectionArray, best-effort: accepts best-effort and reliable
     publishers), ``operator/cmd_vel`` and ``autonomy/cmd_vel`` (geometry_msgs/Twist,
-    best-effort, depth 1).
+    best-effort, depth 1), ``autonomy/target_track_id`` (std_msgs/Int32, best-effort, depth
+    1: the track the autonomy is reaching for, -1 for none; read under
+    ``driving_detection: autonomy_target``).
 Publishes
     ``cmd_vel`` (geometry_msgs/Twist, reliable) every decision period and at once on a level
     change; ``autonomy_state`` (uq_msgs/AutonomyState, reliable + transient-local) on every
@@ -18,6 +20,13 @@ simulated time and clock jumps; message stamps use the node's (ROS) clock, again
 frame's stamp is checked (``max_frame_age_s``, ``max_future_stamp_s``). When that clock goes
 backwards (a bag replayed in a loop under ``use_sim_time``) the arbiter is reset to
 teleoperation.
+
+The model's range comes with every frame (``DetectionArray.reference_variance_max``): a
+signal the loaded model cannot give -- the calibrated score of a model without a score
+reference, raw GP-variance thresholds far above its range -- keeps the level at
+teleoperation, with one error line naming the parameter and the range (logged when the
+problem appears or changes) and an ERROR status on ``/diagnostics``; the node keeps running
+and takes a corrected parameter at once.
 
 Bounded work per message: rclpy normally deserialises a whole message into Python objects
 before the callback runs, so a 20,000-detection array would cost its full conversion however
@@ -49,12 +58,14 @@ from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.serialization import deserialize_message
+from std_msgs.msg import Int32
 
 from uq_autonomy.arbiter import (
     Arbiter,
     ArbiterState,
     DetectionSummary,
     Level,
+    ModelRange,
     Step,
     UncertaintyValues,
     stamp_problem,
@@ -89,6 +100,7 @@ STATE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
 DETECTIONS_TOPIC = 'detections'
 OPERATOR_TOPIC = 'operator/cmd_vel'
 AUTONOMY_TOPIC = 'autonomy/cmd_vel'
+AUTONOMY_TARGET_TOPIC = 'autonomy/target_track_id'
 CMD_VEL_TOPIC = 'cmd_vel'
 STATE_TOPIC = 'autonomy_state'
 OVERRIDE_SERVICE = 'set_autonomy_override'
@@ -106,7 +118,7 @@ def _twist_vector(msg: Twist) -> tuple[float, ...]:
 def _uncertainty_values(u: Any) -> UncertaintyValues:
     return UncertaintyValues(u.gp_variance, u.mutual_information, u.predictive_entropy,
                              u.expected_entropy, u.max_probability,
-                             tuple(float(v) for v in u.class_variance))
+                             tuple(float(v) for v in u.class_variance), u.calibrated_score)
 
 
 def detection_summaries(msg: DetectionArray) -> list[DetectionSummary]:
@@ -118,13 +130,19 @@ def detection_summaries(msg: DetectionArray) -> list[DetectionSummary]:
             d.class_id, d.class_index, d.track_id, d.center_x, d.center_y, d.width, d.height,
             u.gp_variance, u.mutual_information,
             tuple(float(p) for p in d.class_probabilities), d.score, u.predictive_entropy,
-            u.expected_entropy, u.max_probability, tuple(float(v) for v in u.class_variance)))
+            u.expected_entropy, u.max_probability, tuple(float(v) for v in u.class_variance),
+            u.calibrated_score))
     return out
 
 
 def frame_uncertainty(msg: DetectionArray) -> UncertaintyValues:
     """The frame-level uncertainty summary of a DetectionArray."""
     return _uncertainty_values(msg.uncertainty)
+
+
+def model_range(msg: DetectionArray) -> ModelRange:
+    """What a DetectionArray says about its model (adapter, no logic)."""
+    return ModelRange(msg.model_id, msg.reference_variance_max, msg.ood_threshold)
 
 
 # CDR encapsulation identifiers (first two bytes of a serialized ROS 2 message) and the byte
@@ -189,6 +207,7 @@ class ArbitrationNode(Node):
         self._last_state: ArbiterState | None = None
         self._last_clock_s = -math.inf
         self._perception_messages = 0
+        self._reported_problem: str | None = None
 
         self._cmd_pub = self.create_publisher(Twist, CMD_VEL_TOPIC, COMMAND_OUT_QOS)
         self._state_pub = self.create_publisher(AutonomyState, STATE_TOPIC, STATE_QOS)
@@ -198,6 +217,8 @@ class ArbitrationNode(Node):
                                  PERCEPTION_QOS, raw=True)
         self.create_subscription(Twist, OPERATOR_TOPIC, self._on_operator, COMMAND_IN_QOS)
         self.create_subscription(Twist, AUTONOMY_TOPIC, self._on_autonomy, COMMAND_IN_QOS)
+        self.create_subscription(Int32, AUTONOMY_TARGET_TOPIC, self._on_autonomy_target,
+                                 COMMAND_IN_QOS)
         self.create_service(SetAutonomyOverride, OVERRIDE_SERVICE, self._on_override)
 
         # Steady-clock timers: the fail-safe must not wait for a paused or replayed /clock.
@@ -249,6 +270,7 @@ class ArbitrationNode(Node):
                 self._watchdog = self.create_timer(config.perception_deadline_s,
                                                    self._on_decision_tick, clock=self._steady)
             self._publish(self._arbiter.set_config(config, time.monotonic()))
+            self._report_signal_problem()
         names = ', '.join(f'{p.name}={plain_value(p.value)!r}' for p in parameters)
         self.get_logger().info(f'parameters updated: {names}')
 
@@ -290,8 +312,9 @@ class ArbitrationNode(Node):
             summaries = detection_summaries(msg)
             with self._lock:
                 step = self._arbiter.observe(time.monotonic(), summaries, len(msg.class_names),
-                                             frame_uncertainty(msg))
+                                             frame_uncertainty(msg), model_range(msg))
                 self._publish(step)
+                self._report_signal_problem()
                 self._watchdog.reset()
         else:
             self.get_logger().warn(problem, throttle_duration_sec=2.0)
@@ -307,6 +330,23 @@ class ArbitrationNode(Node):
         if not ok:
             self.get_logger().warn('ignoring a non-finite operator command',
                                    throttle_duration_sec=2.0)
+
+    def _on_autonomy_target(self, msg: Int32) -> None:
+        with self._lock:
+            self._arbiter.autonomy_target(time.monotonic(), msg.data)
+
+    def _report_signal_problem(self) -> None:
+        """Log a signal the loaded model cannot give once, when it appears or changes, and
+        once more when it is gone (the caller holds the lock)."""
+        problem = self._arbiter.signal_problem
+        if problem == self._reported_problem:
+            return
+        if problem is not None:
+            self.get_logger().error(f'{problem}; autonomy at teleoperation until then')
+        else:
+            self.get_logger().info(f'the uncertainty signal now suits the model '
+                                   f'({self._arbiter.config.uncertainty_signal.value})')
+        self._reported_problem = problem
 
     def _on_autonomy(self, msg: Twist) -> None:
         with self._lock:
@@ -346,16 +386,19 @@ class ArbitrationNode(Node):
     def _on_diagnostics(self) -> None:
         with self._lock:
             state = self._last_state
+            problem = self._arbiter.signal_problem
         if state is None:
             return
         stats = self._latency.latency_summary()
+        level = DiagnosticStatus.WARN if state.perception_stale else DiagnosticStatus.OK
         status = DiagnosticStatus(
-            level=DiagnosticStatus.WARN if state.perception_stale else DiagnosticStatus.OK,
+            level=DiagnosticStatus.ERROR if problem is not None else level,
             name=f'{self.get_name()}: arbitration', hardware_id=self.get_fully_qualified_name(),
             message=f'{state.level.label}: {state.reason}')
         status.values = [KeyValue(key=k, value=str(v)) for k, v in (
             ('level', state.level.label), ('uncertainty', f'{state.uncertainty:.6g}'),
             ('uncertainty_signal', state.uncertainty_signal.value),
+            ('signal_problem', problem or ''),
             ('perception_stale', state.perception_stale),
             ('override_active', state.override_active),
             ('decision_latency_p50_ms', f'{stats["p50_ms"]:.4f}'),
@@ -372,7 +415,9 @@ class ArbitrationNode(Node):
         self._last_state = step.state
         if step.changed or force_state:
             self._state_pub.publish(self._state_message(step.state))
-        if step.transition is not None:
+        # A refused signal is reported by _report_signal_problem, in one error line.
+        refused = step.state.perception_stale and self._arbiter.signal_problem is not None
+        if step.transition is not None and not refused:
             t = step.transition
             text = f'autonomy {t.from_level.label} -> {t.to_level.label}: {t.reason}'
             # rclpy ties a severity to each logging call site, hence two calls.
@@ -380,7 +425,7 @@ class ArbitrationNode(Node):
                 self.get_logger().warn(text)
             else:
                 self.get_logger().info(text)
-        elif step.changed:
+        elif step.changed and not refused:
             self.get_logger().info(
                 f'autonomy {step.state.level.label} held: {step.state.reason}'
                 + (' (override active)' if step.state.override_active else ''))
@@ -437,7 +482,8 @@ def _argument_parser() -> argparse.ArgumentParser:
         'Shared-autonomy arbitration: perception uncertainty to a level of autonomy '
         '(teleoperation, guided, shared, assistance) and the robot command, with hysteresis '
         'and a fail-safe.', PARAMETERS, 'config/arbitration.yaml',
-        f'topics: sub {DETECTIONS_TOPIC}, {OPERATOR_TOPIC}, {AUTONOMY_TOPIC}; '
+        f'topics: sub {DETECTIONS_TOPIC}, {OPERATOR_TOPIC}, {AUTONOMY_TOPIC}, '
+        f'{AUTONOMY_TARGET_TOPIC}; '
         f'pub {CMD_VEL_TOPIC}, {STATE_TOPIC}, /diagnostics; '
         f'service {OVERRIDE_SERVICE}. Remap with --ros-args -r from:=to.')
 

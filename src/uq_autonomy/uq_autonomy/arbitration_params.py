@@ -32,7 +32,8 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
                   'Epistemic uncertainty of a detection that drives the level.',
                   choices=[m.value for m in UncertaintySignal]),
     ParameterSpec('driving_detection', _DEFAULT.driving_detection.value,
-                  'Which detection of a frame drives the decision.',
+                  'Which detection of a frame drives the decision (autonomy_target: the track '
+                  'announced on autonomy/target_track_id).',
                   choices=[m.value for m in DrivingDetection]),
     ParameterSpec('target_class', _DEFAULT.target_class,
                   "Class name followed when driving_detection is 'target_class'."),
@@ -45,11 +46,22 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
     ParameterSpec('image_height', _DEFAULT.image_height,
                   "Image height in pixels, for driving_detection 'nearest_center'.",
                   min_value=1, max_value=100000),
+    ParameterSpec('thresholds.calibrated_score.up',
+                  list(_DEFAULT.calibrated_score_thresholds.up),
+                  'Calibrated score (fraction of known validation objects less uncertain) '
+                  'below which a step up from level i is allowed.', min_value=0.0,
+                  max_value=1.0, constraints=f'{_LEVELS}; strictly decreasing; < down; > 0'),
+    ParameterSpec('thresholds.calibrated_score.down',
+                  list(_DEFAULT.calibrated_score_thresholds.down),
+                  'Calibrated score above which level i+1 steps down to i.', min_value=0.0,
+                  max_value=1.0, constraints=f'{_LEVELS}; strictly decreasing; > up; < 1'),
     ParameterSpec('thresholds.gp_variance.up', list(_DEFAULT.gp_variance_thresholds.up),
-                  'GP variance (logit^2) below which a step up from level i is allowed.',
-                  min_value=0.0, constraints=f'{_LEVELS}; strictly decreasing; < down'),
+                  'GP variance (logit^2, one model\'s unit) below which a step up from level '
+                  'i is allowed.', min_value=0.0,
+                  constraints=f'{_LEVELS}; strictly decreasing; < down'),
     ParameterSpec('thresholds.gp_variance.down', list(_DEFAULT.gp_variance_thresholds.down),
-                  'GP variance (logit^2) above which level i+1 steps down to i.',
+                  'GP variance (logit^2, one model\'s unit) above which level i+1 steps down '
+                  'to i; refused at run time when far above the loaded model\'s range.',
                   min_value=0.0, constraints=f'{_LEVELS}; strictly decreasing; > up'),
     ParameterSpec('thresholds.mutual_information.up',
                   list(_DEFAULT.mutual_information_thresholds.up),
@@ -166,6 +178,7 @@ def config_from_values(values: Mapping[str, Any]) -> ArbiterConfig:
 
     return ArbiterConfig(
         uncertainty_signal=values['uncertainty_signal'],
+        calibrated_score_thresholds=thresholds('calibrated_score'),
         gp_variance_thresholds=thresholds('gp_variance'),
         mutual_information_thresholds=thresholds('mutual_information'),
         driving_detection=values['driving_detection'],

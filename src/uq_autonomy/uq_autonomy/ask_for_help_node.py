@@ -24,6 +24,12 @@ Calls
     embedding; labels the detector has not acknowledged (it was down, or restarted, or its
     response was lost) are sent again every ``teach_retry_period_s`` until it has (the
     detector applies a label once).
+
+The model's range comes with every frame (``DetectionArray.reference_variance_max``): a
+signal the model cannot give (the calibrated score of a model without a score reference, a
+``gp_variance_threshold`` far above its range) is reported with one error line naming the
+parameter and the range, and an ERROR status on ``/diagnostics``; requests then come from
+the detector's out-of-distribution flag alone (``ood_mode``), until the parameter is fixed.
 """
 
 from __future__ import annotations
@@ -44,7 +50,14 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from rclpy.validate_topic_name import validate_topic_name
 from sensor_msgs.msg import Image
 
-from uq_autonomy.arbiter import ArbiterConfig, UncertaintySignal, future_stamp_problem
+from uq_autonomy.arbiter import (
+    NO_CALIBRATED_SCORE,
+    ArbiterConfig,
+    ModelRange,
+    UncertaintySignal,
+    future_stamp_problem,
+    signal_problem,
+)
 from uq_autonomy.crops import box_in_region, crop_region, cut, encode_png
 from uq_autonomy.follow_up import FollowUpConfig, FollowUpTeacher
 from uq_autonomy.help_policy import (
@@ -113,9 +126,14 @@ _DEFAULT = HelpPolicyConfig()
 POLICY_PARAMETERS = [
     ParameterSpec('signal', _DEFAULT.signal.value, 'Epistemic signal that earns a request.',
                   choices=[s.value for s in UncertaintySignal]),
+    ParameterSpec('calibrated_score_threshold', _DEFAULT.calibrated_score_threshold,
+                  'Calibrated score (fraction of the model\'s known validation objects less '
+                  'uncertain) above which a frame counts as uncertain; the same for every '
+                  'model.', min_value=0.0, max_value=1.0, constraints='< 1'),
     ParameterSpec('gp_variance_threshold', _DEFAULT.gp_variance_threshold,
-                  'GP variance (logit^2) above which a frame counts as uncertain '
-                  '(calibrate: docs/ask_for_help.md).', min_value=0.0, max_value=1e6),
+                  'GP variance (logit^2, one model\'s unit) above which a frame counts as '
+                  'uncertain (calibrate: docs/ask_for_help.md).', min_value=0.0,
+                  max_value=1e6),
     ParameterSpec('mutual_information_threshold', _DEFAULT.mutual_information_threshold,
                   'Mutual information (nats) above which a frame counts as uncertain.',
                   min_value=0.0, max_value=100.0),
@@ -191,6 +209,7 @@ def policy_config(values: dict[str, Any]) -> HelpPolicyConfig:
     """The policy configuration from parameter values (ValueError naming a bad one)."""
     return HelpPolicyConfig(
         signal=UncertaintySignal(values['signal']),
+        calibrated_score_threshold=values['calibrated_score_threshold'],
         gp_variance_threshold=values['gp_variance_threshold'],
         mutual_information_threshold=values['mutual_information_threshold'],
         window_frames=values['window_frames'], min_frames_above=values['min_frames_above'],
@@ -206,9 +225,13 @@ def detection_problem(d: Any) -> str | None:
     """Why a detection cannot be evidence for a help request, or ``None`` when it can: the
     numbers the policy and the crop use must be finite and in range."""
     numbers = (d.center_x, d.center_y, d.width, d.height, d.score,
-               d.uncertainty.gp_variance, d.uncertainty.mutual_information)
+               d.uncertainty.gp_variance, d.uncertainty.mutual_information,
+               d.uncertainty.calibrated_score)
     if not all(math.isfinite(v) for v in numbers):
         return 'non-finite box, score or uncertainty'
+    score = d.uncertainty.calibrated_score
+    if not (0.0 <= score <= 1.0 or score == NO_CALIBRATED_SCORE):
+        return f'calibrated_score {score:g} neither in [0, 1] nor {NO_CALIBRATED_SCORE:g}'
     if d.width <= 0.0 or d.height <= 0.0 or max(abs(d.center_x), abs(d.center_y),
                                                    d.width, d.height) > MAX_PIXELS:
         return f'box {d.width:g}x{d.height:g} at ({d.center_x:g}, {d.center_y:g}) out of range'
@@ -266,6 +289,7 @@ def observations(msg: DetectionArray) -> tuple[list[TrackObservation], list[str]
             class_name=(labels.label(d.class_id) or '') if d.class_id else '',
             gp_variance=d.uncertainty.gp_variance,
             mutual_information=d.uncertainty.mutual_information,
+            calibrated_score=d.uncertainty.calibrated_score,
             out_of_distribution=d.uncertainty.out_of_distribution,
             box=(d.center_x, d.center_y, d.width, d.height),
             embedding=np.asarray(d.embedding, dtype=np.float32) if len(d.embedding) else None,
@@ -294,6 +318,7 @@ class AskForHelpNode(Node):
                           'follow_ups': 0, 'future_stamps': 0, 'invalid_class_names': 0,
                           'oversized_images': 0, 'requests_not_raised': 0}
         self._store_problem = ''
+        self._signal_problem: str | None = None
         self._store = self._open_store()
         self._follow_up = FollowUpTeacher(FollowUpConfig(
             self._params['follow_up_max'], self._params['follow_up_interval_s'],
@@ -409,6 +434,8 @@ class AskForHelpNode(Node):
                                    f'detections (at most {MAX_DETECTIONS})',
                                    throttle_duration_sec=2.0)
             return
+        self._check_signal(ModelRange(msg.model_id, msg.reference_variance_max,
+                                      msg.ood_threshold))
         frame, problems, refused_names = observations(msg)
         if problems:
             self._counters['malformed'] += len(problems)
@@ -436,13 +463,30 @@ class AskForHelpNode(Node):
                     self.get_logger().error(f'help request {decision.request_id} not raised: '
                                             f'{exc}', throttle_duration_sec=2.0)
             self._last_stamp = _stamp_s(msg.header.stamp)
+            config = self._policy.config
             for obs in frame:  # the valid detections only
                 update_id = self._follow_up.observe(
-                    self._last_stamp, obs.track_id, obs.class_name, obs.gp_variance,
-                    self._params['gp_variance_threshold'])
+                    self._last_stamp, obs.track_id, obs.class_name, obs.signal(config.signal),
+                    config.threshold)
                 if update_id is not None and obs.embedding is not None:
                     self._teach_follow_up(update_id, self._follow_up.label_of(obs.track_id),
                                           obs.embedding, msg.model_id)
+
+    def _check_signal(self, model: ModelRange) -> None:
+        """Report, once when it appears or changes, a signal the frame's model cannot give."""
+        with self._lock:
+            config = self._policy.config
+        problem = signal_problem(config.signal, f'{config.signal.value}_threshold',
+                                 (config.threshold,), model)
+        if problem == self._signal_problem:
+            return
+        self._signal_problem = problem
+        if problem is not None:
+            self.get_logger().error(f'{problem}; only the out-of-distribution flag '
+                                    f'(ood_mode {config.ood_mode.value}) raises requests')
+        else:
+            self.get_logger().info(f'the uncertainty signal now suits the model '
+                                   f'({config.signal.value})')
 
     def _raise(self, decision: HelpDecision, msg: DetectionArray) -> None:
         key = (msg.header.stamp.sec, msg.header.stamp.nanosec)
@@ -629,6 +673,8 @@ class AskForHelpNode(Node):
             pending = len(self._policy.pending())
         level = DiagnosticStatus.OK
         message = f'{pending} requests open, {unacknowledged} labels not yet taught'
+        if self._signal_problem is not None:
+            level, message = DiagnosticStatus.ERROR, self._signal_problem
         if self._store is None:
             level, message = DiagnosticStatus.ERROR, f'label store unavailable: ' \
                                                      f'{self._store_problem}'
@@ -638,6 +684,7 @@ class AskForHelpNode(Node):
         status.values = [KeyValue(key=k, value=str(v)) for k, v in (
             *counters.items(), ('open_requests', pending),
             ('labels_not_yet_taught', unacknowledged),
+            ('signal_problem', self._signal_problem or ''),
             ('web_url', self.web_url or ''))]
         array = DiagnosticArray(status=[status])
         array.header.stamp = self.get_clock().now().to_msg()

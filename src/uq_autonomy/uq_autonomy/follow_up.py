@@ -4,14 +4,15 @@ track is still wrong or uncertain.
 A person's answer is taught with one embedding: the object as it looked in the frame the
 request was made on. When the object then looks different (it was asked about while being
 put down and now rests on the table, the light or a shadow changes, it is partly occluded),
-that single point may not cover it, and the detector goes on calling it something else.
-The person has already said what the track is, so the track's later embeddings can carry
-the same label: while the answered track is classified as another class or its GP variance
-stays above the threshold, one of its embeddings is taught again, at most ``max_per_object``
-times and at least ``min_interval_s`` apart. Tracks unseen for ``track_timeout_s`` are
-forgotten, and a backwards clock (a restarted detector numbers its tracks anew) forgets all,
-so a label never follows a track id onto another object; the clock then restarts at that
-stamp, so one stamp from the future does not make every later frame forget all again.
+that single point may not cover it, and the detector goes on calling it something else. The
+person has already said what the track is, so the track's later embeddings can carry the
+same label: while the answered track is classified as another class or its uncertainty (the
+help policy's signal) stays above the threshold, one of its embeddings is taught again, at
+most ``max_per_object`` times and at least ``min_interval_s`` apart. Tracks unseen for
+``track_timeout_s`` are forgotten, and a backwards clock (a restarted detector numbers its
+tracks anew) forgets all, so a label never follows a track id onto another object; the clock
+then restarts at that stamp, so one stamp from the future does not make every later frame
+forget all again.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class FollowUpTeacher:
         if track_id >= 0:
             self._tracks[track_id] = _Binding(request_id, label, now)
 
-    def observe(self, now: float, track_id: int, class_name: str, gp_variance: float,
+    def observe(self, now: float, track_id: int, class_name: str, uncertainty: float,
                 threshold: float) -> str | None:
         """An update id to teach this detection's embedding under, or ``None``.
 
@@ -77,7 +78,7 @@ class FollowUpTeacher:
             return None
         binding.last_seen = now
         # Labels are stored case-folded (uq_common.class_labels); a base class may not be.
-        if class_name.casefold() == binding.label and not gp_variance > threshold:
+        if class_name.casefold() == binding.label and not uncertainty > threshold:
             return None
         if binding.taught >= self.config.max_per_object or \
                 now - binding.last_taught < self.config.min_interval_s:

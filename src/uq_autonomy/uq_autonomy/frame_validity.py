@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from uq_autonomy.arbiter_config import (
     NEGATIVE_TOLERANCE,
+    NO_CALIBRATED_SCORE,
     ArbiterConfig,
     DrivingDetection,
     UncertaintySignal,
@@ -31,6 +32,7 @@ class UncertaintyValues:
     expected_entropy: float = 0.0
     max_probability: float = 0.0
     class_variance: tuple[float, ...] = ()
+    calibrated_score: float = NO_CALIBRATED_SCORE
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +40,8 @@ class DetectionSummary:
     """The fields of one ``uq_msgs/Detection`` the arbiter looks at and checks.
 
     The optional fields default to the values of a producer that does not estimate them
-    (empty probabilities and class variances, score 1, zero entropies), each of which is
-    valid when the frame has no class names.
+    (empty probabilities and class variances, score 1, zero entropies, no calibrated score),
+    each of which is valid when the frame has no class names.
     """
 
     class_id: str
@@ -57,13 +59,23 @@ class DetectionSummary:
     expected_entropy: float = 0.0
     max_probability: float = 0.0
     class_variance: tuple[float, ...] = ()
+    calibrated_score: float = NO_CALIBRATED_SCORE
 
     @property
     def uncertainty(self) -> UncertaintyValues:
         """This detection's uncertainty fields."""
         return UncertaintyValues(self.gp_variance, self.mutual_information,
                                  self.predictive_entropy, self.expected_entropy,
-                                 self.max_probability, self.class_variance)
+                                 self.max_probability, self.class_variance,
+                                 self.calibrated_score)
+
+    def signal(self, which: UncertaintySignal) -> float:
+        """The value of signal ``which``."""
+        if which is UncertaintySignal.GP_VARIANCE:
+            return self.gp_variance
+        if which is UncertaintySignal.MUTUAL_INFORMATION:
+            return self.mutual_information
+        return self.calibrated_score
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +84,14 @@ class Perception:
 
     ``usable`` false means the fail-safe applies and ``reason`` says why; otherwise
     ``uncertainty`` is the driving value and ``index`` the driving detection.
+    ``target_missing`` marks a valid frame without the track the autonomy announced.
     """
 
     usable: bool
     uncertainty: float
     reason: str
     index: int = -1
+    target_missing: bool = False
 
 
 # Box coordinates and sizes beyond this many pixels belong to no camera (the largest
@@ -98,7 +112,8 @@ def _uncertainty_problem(where: str, u: UncertaintyValues, num_classes: int) -> 
     Variances and entropies are finite and >= 0 (up to rounding); entropies (and the mutual
     information, a difference of them) are at most ``ln(num_classes)``; the expected entropy
     is at most the predictive one; ``max_probability`` is in [0, 1]; ``class_variance`` has
-    one finite value >= 0 per class, or none.
+    one finite value >= 0 per class, or none; ``calibrated_score`` is in [0, 1], or exactly
+    -1 (the model has no score reference).
     """
     scalars = (('gp_variance', u.gp_variance), ('mutual_information', u.mutual_information),
                ('predictive_entropy', u.predictive_entropy),
@@ -111,6 +126,10 @@ def _uncertainty_problem(where: str, u: UncertaintyValues, num_classes: int) -> 
             return f'negative {name} ({value:.3g}) in {where}'
     if u.max_probability > 1.0 + NEGATIVE_TOLERANCE:
         return f'max_probability {u.max_probability:.6g} above 1 in {where}'
+    score = u.calibrated_score
+    if not (math.isfinite(score) and (0.0 <= score <= 1.0 or score == NO_CALIBRATED_SCORE)):
+        return (f'calibrated_score {score:.6g} neither in [0, 1] nor '
+                f'{NO_CALIBRATED_SCORE:g} (none) in {where}')
     if num_classes > 0:
         # Entropies of a distribution over C classes lie in [0, ln C] (ln 2 for C = 1, so a
         # one-class producer that reports a binary entropy is not refused).
@@ -205,7 +224,8 @@ def future_stamp_problem(stamp_s: float, clock_s: float, max_future_stamp_s: flo
 
 def assess_frame(detections: Sequence[DetectionSummary], num_classes: int,
                  config: ArbiterConfig,
-                 frame_uncertainty: UncertaintyValues | None = None) -> Perception:
+                 frame_uncertainty: UncertaintyValues | None = None,
+                 autonomy_target: int | None = None) -> Perception:
     """Check a whole frame and pick its driving uncertainty.
 
     Parameters
@@ -218,6 +238,9 @@ def assess_frame(detections: Sequence[DetectionSummary], num_classes: int,
         Selects the signal and the driving detection; bounds the number of detections.
     frame_uncertainty : UncertaintyValues, optional
         The frame-level ``DetectionArray.uncertainty``, checked by the same rule.
+    autonomy_target : int, optional
+        The track id the autonomy is reaching for, for ``driving_detection``
+        ``autonomy_target``; None (or negative) when it announces none.
 
     Returns
     -------
@@ -226,8 +249,9 @@ def assess_frame(detections: Sequence[DetectionSummary], num_classes: int,
         detections (checked before anything else, so the excess costs nothing), any invalid
         field of any detection or of the frame-level uncertainty (see
         :func:`detection_problem`; one broken value makes the whole frame suspect, driving
-        signal or not), or when no detection matches the target; else the driving value.
-        Ties between candidates go to the higher uncertainty, the cautious choice.
+        signal or not), when no detection matches the target, or when the signal is the
+        calibrated score and a candidate has none (-1); else the driving value. Ties
+        between candidates go to the higher uncertainty, the cautious choice.
     """
     if not detections:
         return Perception(False, math.nan, 'empty DetectionArray: no detection to judge')
@@ -239,14 +263,10 @@ def assess_frame(detections: Sequence[DetectionSummary], num_classes: int,
         if problem is not None:
             return Perception(False, math.nan, f'invalid DetectionArray: {problem}')
     signal = config.uncertainty_signal
-    values: list[float] = []
     for i, d in enumerate(detections):
         problem = detection_problem(i, d, num_classes)
         if problem is not None:
             return Perception(False, math.nan, f'invalid DetectionArray: {problem}')
-        u = float(d.gp_variance if signal is UncertaintySignal.GP_VARIANCE
-                  else d.mutual_information)
-        values.append(max(u, 0.0))
 
     mode = config.driving_detection
     candidates: Sequence[int]
@@ -260,6 +280,14 @@ def assess_frame(detections: Sequence[DetectionSummary], num_classes: int,
         if not candidates:
             return Perception(False, math.nan,
                               f'target track {config.target_track_id} not detected')
+    elif mode is DrivingDetection.AUTONOMY_TARGET:
+        if autonomy_target is None or autonomy_target < 0:
+            return Perception(False, math.nan, 'the autonomy announces no target track')
+        candidates = [i for i, d in enumerate(detections) if d.track_id == autonomy_target]
+        if not candidates:
+            return Perception(False, math.nan,
+                              f"the autonomy's target track {autonomy_target} not detected",
+                              target_missing=True)
     elif mode is DrivingDetection.NEAREST_CENTER:
         cx, cy = 0.5 * config.image_width, 0.5 * config.image_height
         dist = [(d.center_x - cx) ** 2 + (d.center_y - cy) ** 2 for d in detections]
@@ -267,5 +295,13 @@ def assess_frame(detections: Sequence[DetectionSummary], num_classes: int,
         candidates = [i for i, r in enumerate(dist) if r == nearest]
     else:
         candidates = range(len(detections))
+    if signal is UncertaintySignal.CALIBRATED_SCORE:
+        # A candidate without a score could be the most uncertain: none is judged.
+        for i in candidates:
+            if detections[i].calibrated_score < 0.0:
+                return Perception(False, math.nan,
+                                  f'detection {i} has no calibrated_score (-1: the model '
+                                  'has no score reference)')
+    values = {i: max(float(detections[i].signal(signal)), 0.0) for i in candidates}
     best = max(candidates, key=values.__getitem__)
     return Perception(True, values[best], f'detection {best}', best)

@@ -7,9 +7,9 @@ hand-built detections and invented clocks.
 
 Evidence is per track. A track earns a request when
 
-* its epistemic signal (``gp_variance`` or ``mutual_information``, a parameter) is above the
-  signal's threshold in at least ``min_frames_above`` (N) of its last ``window_frames`` (M)
-  observations, or
+* its epistemic signal (``calibrated_score`` by default, ``gp_variance`` or
+  ``mutual_information``; a parameter) is above the signal's threshold in at least
+  ``min_frames_above`` (N) of its last ``window_frames`` (M) observations, or
 * it is flagged out-of-distribution in at least ``ood_min_frames`` of its last M
   observations (``ood_mode='trigger'``; ``'evidence'`` counts an OOD flag as a frame above
   the threshold instead, ``'ignore'`` disregards the flag).
@@ -54,7 +54,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from uq_autonomy.arbiter import UncertaintySignal, parse_enum
+from uq_autonomy.arbiter import NO_CALIBRATED_SCORE, UncertaintySignal, parse_enum
 from uq_common.str_enum import StrEnum
 
 MINUTE_S = 60.0
@@ -119,6 +119,9 @@ class TrackObservation:
         NTK-GP predictive variance (logit^2), the primary epistemic signal.
     mutual_information : float
         Epistemic part of the predictive entropy, nats.
+    calibrated_score : float
+        Fraction of the model's known validation objects whose GP variance is below this
+        one, in [0, 1]; -1 when the model has no score reference.
     out_of_distribution : bool
         The detector's OOD flag.
     box : tuple of 4 floats
@@ -141,12 +144,15 @@ class TrackObservation:
     embedding: ArrayLike | None = None
     candidates: tuple[Candidate, ...] = ()
     score: float = 1.0
+    calibrated_score: float = NO_CALIBRATED_SCORE
 
     def signal(self, which: UncertaintySignal) -> float:
         """Value of the chosen epistemic signal."""
         if which == UncertaintySignal.MUTUAL_INFORMATION:
             return float(self.mutual_information)
-        return float(self.gp_variance)
+        if which == UncertaintySignal.GP_VARIANCE:
+            return float(self.gp_variance)
+        return float(self.calibrated_score)
 
 
 @dataclass(frozen=True)
@@ -156,9 +162,14 @@ class HelpPolicyConfig:
     Parameters
     ----------
     signal : UncertaintySignal or str
-        ``'gp_variance'`` or ``'mutual_information'``.
+        ``'calibrated_score'``, ``'gp_variance'`` or ``'mutual_information'``.
+    calibrated_score_threshold : float
+        Threshold when the signal is the calibrated score (unitless, in [0, 1): the same
+        for every model). The default, 0.96, asks about objects more uncertain than 96 %
+        of the model's known validation objects.
     gp_variance_threshold : float
-        Threshold when the signal is the GP variance (logit^2, the detector's unit).
+        Threshold when the signal is the GP variance (logit^2 of one model; the default
+        suits the shipped model only).
     mutual_information_threshold : float
         Threshold when the signal is the mutual information (nats).
     window_frames : int
@@ -195,8 +206,9 @@ class HelpPolicyConfig:
         On any out-of-range or inconsistent value, naming it.
     """
 
-    signal: UncertaintySignal = UncertaintySignal.GP_VARIANCE
-    gp_variance_threshold: float = 5e-4
+    signal: UncertaintySignal = UncertaintySignal.CALIBRATED_SCORE
+    calibrated_score_threshold: float = 0.96
+    gp_variance_threshold: float = 4e-4
     mutual_information_threshold: float = 0.1
     window_frames: int = 5
     min_frames_above: int = 4
@@ -221,6 +233,11 @@ class HelpPolicyConfig:
             value = getattr(self, name)
             _require(isinstance(value, int | np.integer) and not isinstance(value, bool)
                      and bool(value >= 1), f'{name} must be an integer >= 1, got {value!r}')
+        _require(_is_number(self.calibrated_score_threshold)
+                 and 0.0 <= self.calibrated_score_threshold < 1.0,
+                 'calibrated_score_threshold must be in [0, 1) (a score is at most 1, so a '
+                 'threshold of 1 could never be exceeded), got '
+                 f'{self.calibrated_score_threshold!r}')
         for name in ('gp_variance_threshold', 'mutual_information_threshold', 'cooldown_s',
                      'iou_match_max_age_s', 'time_jump_tolerance_s'):
             value = getattr(self, name)
@@ -248,7 +265,9 @@ class HelpPolicyConfig:
         """Threshold of the selected signal."""
         if self.signal == UncertaintySignal.MUTUAL_INFORMATION:
             return float(self.mutual_information_threshold)
-        return float(self.gp_variance_threshold)
+        if self.signal == UncertaintySignal.GP_VARIANCE:
+            return float(self.gp_variance_threshold)
+        return float(self.calibrated_score_threshold)
 
 
 @dataclass(frozen=True)
@@ -681,8 +700,11 @@ class HelpPolicy:
         cfg = self._config
         if cfg.signal == UncertaintySignal.MUTUAL_INFORMATION:
             signal_text = f'mutual information {_fmt(value)} nats above {_fmt(cfg.threshold)}'
-        else:
+        elif cfg.signal == UncertaintySignal.GP_VARIANCE:
             signal_text = f'GP variance {_fmt(value)} above {_fmt(cfg.threshold)}'
+        else:
+            signal_text = (f'calibrated score {value:.3f} above {cfg.threshold:.3f} (more '
+                           f'uncertain than {100 * value:.1f} % of the known objects)')
         if trigger == Trigger.UNCERTAINTY:
             text = (f"I don't know what this object is: {signal_text} "
                     f'in {frames_above} of the last {frames} frames')
@@ -819,4 +841,6 @@ def with_threshold(config: HelpPolicyConfig, threshold: float) -> HelpPolicyConf
     """Copy of ``config`` with the threshold of its selected signal replaced."""
     if config.signal == UncertaintySignal.MUTUAL_INFORMATION:
         return replace(config, mutual_information_threshold=threshold)
-    return replace(config, gp_variance_threshold=threshold)
+    if config.signal == UncertaintySignal.GP_VARIANCE:
+        return replace(config, gp_variance_threshold=threshold)
+    return replace(config, calibrated_score_threshold=threshold)

@@ -214,7 +214,7 @@ class BagEvaluator:
         from builtin_interfaces.msg import Time
         from std_msgs.msg import Header
 
-        from uq_autonomy.arbitration_node import detection_summaries
+        from uq_autonomy.arbitration_node import detection_summaries, model_range
         from uq_perception.messages import detection_array_message
 
         if restart is not None:
@@ -225,7 +225,7 @@ class BagEvaluator:
         header = Header(stamp=Time(sec=sec, nanosec=int((stamp - sec) * 1e9)))
         message = detection_array_message(frame, header, 'pytorch-cpu', self.perception.gp.model_id)
         step = self._arbiter.observe(stamp, detection_summaries(message),
-                                     len(message.class_names))
+                                     len(message.class_names), model=model_range(message))
         if step.transition is not None:
             t = step.transition
             self.data.transitions.append({'stamp': stamp, 'from': t.from_level.label,
@@ -248,7 +248,7 @@ class BagEvaluator:
                 'predictive_entropy': float(unc.predictive_entropy[i]),
                 'max_probability': float(unc.probabilities[i].max()),
                 'calibrated_score': float(calibrated[i])})
-        self._ask_for_help(stamp, frame, predicted, rgb)
+        self._ask_for_help(stamp, frame, predicted, rgb, calibrated)
         scored = _Frame(
             stamp, frame.detections.boxes.astype(np.float64),
             frame.detections.scores.astype(np.float64), unc.probabilities.astype(np.float64),
@@ -263,7 +263,7 @@ class BagEvaluator:
                             exhaustive=self.ground_truth.exhaustive)
 
     def _ask_for_help(self, stamp: float, frame: Any, predicted: np.ndarray,
-                      rgb: np.ndarray) -> None:
+                      rgb: np.ndarray, calibrated: list[float]) -> None:
         from uq_autonomy.crops import crop_region, cut, encode_png
         from uq_autonomy.help_policy import Candidate, TrackObservation
 
@@ -277,6 +277,7 @@ class BagEvaluator:
                 class_name=frame.class_names[int(predicted[i])],
                 gp_variance=float(unc.gp_variance[i]),
                 mutual_information=float(unc.mutual_information[i]),
+                calibrated_score=float(calibrated[i]),
                 out_of_distribution=bool(unc.out_of_distribution[i]),
                 box=(float(box[0]), float(box[1]), float(box[2]), float(box[3])),
                 embedding=frame.detections.embeddings[i],

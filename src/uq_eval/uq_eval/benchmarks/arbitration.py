@@ -82,6 +82,8 @@ def _sweep(config: Any, t: float, k: int, rng: Any) -> list[float]:
     # The most uncertain detection sweeps from 0 to 1.5 x down[0] and back; the others sit
     # below it, as in a scene with one doubtful object.
     top = 0.75 * config.thresholds.down[0] * (1.0 - math.cos(2.0 * math.pi * t / SWEEP_PERIOD_S))
+    if _is_score(config):
+        top = min(top, 1.0)  # a calibrated score is at most 1
     values = rng.uniform(0.3, 1.0, size=k) * top
     values[0] = top
     return [float(v) for v in values]
@@ -89,15 +91,24 @@ def _sweep(config: Any, t: float, k: int, rng: Any) -> list[float]:
 
 def _extreme(config: Any, low: bool, k: int) -> list[float]:
     th = config.thresholds
-    value = 0.1 * th.up[-1] if low else 2.0 * th.down[0] + 1.0
+    high = 1.0 if _is_score(config) else 2.0 * th.down[0] + 1.0
+    value = 0.1 * th.up[-1] if low else high
     return [value] * k
 
 
-def _fields(config: Any, v: float) -> tuple[float, float]:
-    """(gp_variance, mutual_information): the driving one sweeps, the other stays valid."""
-    if config.uncertainty_signal.value == 'gp_variance':
-        return v, 0.01
-    return 0.1, v
+def _is_score(config: Any) -> bool:
+    return config.uncertainty_signal.value == 'calibrated_score'
+
+
+def _fields(config: Any, v: float) -> tuple[float, float, float]:
+    """(gp_variance, mutual_information, calibrated_score): the driving one sweeps, the
+    others stay valid."""
+    signal = config.uncertainty_signal.value
+    if signal == 'gp_variance':
+        return v, 0.01, 0.5
+    if signal == 'mutual_information':
+        return 1e-4, v, 0.5
+    return 1e-4, 0.01, v
 
 
 def _summaries(config: Any, values: list[float]) -> list[Any]:
@@ -105,9 +116,9 @@ def _summaries(config: Any, values: list[float]) -> list[Any]:
 
     out = []
     for j, v in enumerate(values):
-        gp, mi = _fields(config, v)
+        gp, mi, score = _fields(config, v)
         out.append(DetectionSummary('known', 0, j, 100.0 + j, 80.0, 20.0, 20.0, gp, mi,
-                                    PROBABILITIES, 0.9, mi, 0.0, 0.8))
+                                    PROBABILITIES, 0.9, mi, 0.0, 0.8, calibrated_score=score))
     return out
 
 
@@ -116,16 +127,20 @@ def _message(config: Any, values: list[float], stamp: Any = None) -> Any:
 
     msg = DetectionArray()
     msg.class_names = CLASS_NAMES
+    # A model with a score reference, whose range the configured raw thresholds suit.
+    msg.model_id = 'arbitration-benchmark'
+    msg.reference_variance_max = config.gp_variance_thresholds.down[0]
     if stamp is not None:
         msg.header.stamp = stamp
     for j, v in enumerate(values):
-        gp, mi = _fields(config, v)
+        gp, mi, score = _fields(config, v)
         d = Detection()
         d.class_id, d.class_index, d.score, d.track_id = 'known', 0, 0.9, j
         d.class_probabilities = list(PROBABILITIES)
         d.center_x, d.center_y, d.width, d.height = 100.0 + j, 80.0, 20.0, 20.0
         d.uncertainty.gp_variance = gp
         d.uncertainty.mutual_information = mi
+        d.uncertainty.calibrated_score = score
         d.uncertainty.predictive_entropy = mi
         d.uncertainty.max_probability = 0.8
         d.uncertainty.class_variance = [gp] * len(CLASS_NAMES)

@@ -256,12 +256,16 @@ def ood_threshold() -> float:
 
 
 def _help_threshold() -> float | None:
+    """The ask-for-help node's GP-variance threshold, when GP variance is its signal (the
+    default, the calibrated score, has no line on a variance axis)."""
     import yaml
 
     data = yaml.safe_load((CONFIG / 'ask_for_help.yaml').read_text(encoding='utf-8'))
-    value = data.get('ask_for_help_node', {}).get('ros__parameters', {}).get(
-        'gp_variance_threshold')
-    return float(value) if value is not None else None
+    params = data.get('ask_for_help_node', {}).get('ros__parameters', {})
+    value = params.get('gp_variance_threshold')
+    if params.get('signal') != 'gp_variance' or value is None:
+        return None
+    return float(value)
 
 
 def plot_timeline(runs: list[RunRecording], scores: list[dict], threshold: float,
