@@ -8,13 +8,13 @@ Includes ``uq_stack.launch.py`` (``use_sim_time`` true by default: the nodes fol
 bag's ``/clock``) and runs ``uq replay <bag> [replay_args]`` (with ``--clock`` under
 ``use_sim_time``), which publishes the bag's messages over DDS with their original timing.
 The replay starts once the detector is active (its model loaded), so no frame is lost to
-start-up. When the replay process ends, the whole launch shuts down
-(``shutdown_at_end:=false`` keeps the stack running).
+start-up; it sends each image once the previous one is answered (``uq replay --help``:
+``--pace``) and names the images left unanswered. When the replay process ends, the whole
+launch shuts down (``shutdown_at_end:=false`` keeps the stack running).
 
-NOTE: ``uq replay`` itself belongs to the rosbag replay work (its options: ``--rate``,
-``--start-offset``, ``--record OUT`` ...: ``uq replay --help``); this file only starts it and
-passes ``replay_args`` through unchanged. Where the installed ``uq`` has no ``replay``
-command the launch fails at start saying so, before any node is started.
+``replay_args`` is passed to ``uq replay`` unchanged (``--rate``, ``--start-offset``,
+``--record OUT`` ...). Where the installed ``uq`` has no ``replay`` command the launch fails
+at start saying so, before any node is started.
 """
 
 from __future__ import annotations
@@ -79,8 +79,9 @@ def _replay(context: LaunchContext) -> list:
     probe = subprocess.run([uq, 'replay', '--help'], capture_output=True, text=True,
                            timeout=60, check=False)
     if probe.returncode != 0:
-        raise RuntimeError('`uq replay` is not available in this workspace yet (delivered by '
-                           'the rosbag replay work); cannot replay ' + repr(bag))
+        raise RuntimeError('`uq replay` is not available in this workspace (`uq replay '
+                           f'--help` failed: {probe.stderr.strip()[-200:]}); cannot replay '
+                           f'{bag!r}')
     extra = shlex.split(LaunchConfiguration('replay_args').perform(context))
     # Nodes on use_sim_time need the bag's time on /clock.
     if LaunchConfiguration('use_sim_time').perform(context).lower() == 'true' \

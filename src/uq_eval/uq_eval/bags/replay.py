@@ -5,6 +5,16 @@ bag's serialised bytes, at its log time scaled by ``--rate`` from ``--start-offs
 seconds into the bag; with ``--clock`` it also publishes ``/clock`` (the log time of each
 message sent, and every 10 ms in between), for nodes run with ``use_sim_time``.
 
+Every image is a frame the nodes should answer with a ``DetectionArray`` on ``detections``
+stamped like it. The player counts the answers (when some node publishes ``detections``):
+with ``--pace answers`` (the default) an image is not sent before the previous one was
+answered or ``--answer-timeout`` seconds passed, on top of the bag's timing. The
+detector's image input is best effort with a queue of one, as for a camera: a frame sent
+while it is still busy with two others is overwritten, which on a loaded machine lost up to
+a third of the frames at the bag's own rate. ``--pace bag`` keeps the bag's timing alone,
+as a live camera would, and frames the detector drops are lost. Either way the replay ends
+by naming the images that were not answered (their stamps) and exits 1 when there are any.
+
 With ``--record OUT`` a recorder subscribes (reliable, deep queues) to the running nodes'
 outputs (``detections``, ``autonomy_state``, ``help_request``, ``cmd_vel``) and to the
 played image topic, and writes what it receives into a new MCAP bag with the receive
@@ -20,10 +30,12 @@ import importlib
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from uq_common.arguments import non_negative_float, positive_float
+from uq_common.str_enum import StrEnum
 
 OUTPUT_TOPICS = {
     'detections': 'uq_msgs/msg/DetectionArray',
@@ -31,11 +43,33 @@ OUTPUT_TOPICS = {
     'help_request': 'uq_msgs/msg/HelpRequest',
     'cmd_vel': 'geometry_msgs/msg/Twist',
 }
+ANSWER_TOPIC = 'detections'
 _CLOCK_PERIOD_S = 0.01
+# Unanswered stamps printed in full up to this many; the result holds them all.
+_STAMPS_SHOWN = 20
 # Before the first message: time for the other nodes' endpoints to be discovered, then at
-# most this long for every discovered one to be matched.
+# most this long for a node to take and answer the images and for every discovered
+# endpoint to be matched (discovery took several seconds on a loaded machine).
 _DISCOVERY_S = 1.0
-_MATCH_TIMEOUT_S = 5.0
+_MATCH_TIMEOUT_S = 15.0
+
+
+class Pacing(StrEnum):
+    """When the player sends each message."""
+
+    ANSWERS = 'answers'  # the bag's timing, and no image before the previous one's answer
+    BAG = 'bag'          # the bag's timing alone, as a live camera
+
+
+def missing_image_nodes(node: Any, image_publishers: list, answer_subscription: Any
+                        ) -> list[str]:
+    """What the graph does not show yet of the nodes that take the played images and answer
+    them: a subscriber (other than this node) per image topic, a publisher of the answers."""
+    missing = [f'{p.topic_name}: no subscriber' for p in image_publishers
+               if not _image_subscribed_elsewhere(node, p.topic_name)]
+    if image_publishers and node.count_publishers(answer_subscription.topic_name) == 0:
+        missing.append(f'{answer_subscription.topic_name}: no publisher')
+    return missing
 
 
 def unmatched_endpoints(node: Any, publishers: list, subscriptions: list) -> list[str]:
@@ -66,6 +100,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help='record the nodes\' outputs and the played images into OUT')
     parser.add_argument('--linger', type=non_negative_float, default=2.0,
                         help='seconds to keep recording after the last message')
+    parser.add_argument('--pace', type=Pacing, choices=list(Pacing), default=Pacing.ANSWERS,
+                        help='answers: the bag\'s timing, but no image before the nodes '
+                             'answered the previous one on detections; bag: the bag\'s timing '
+                             'alone (a busy detector drops frames, as live)')
+    parser.add_argument('--answer-timeout', type=positive_float, default=5.0,
+                        help='seconds an image waits for the previous image\'s answer with '
+                             '--pace answers; an image still unanswered then is reported')
     parser.set_defaults(run=run)
 
 
@@ -112,22 +153,109 @@ class Recorder:
                 self._writer = None
 
 
+class AnswerTracker:
+    """Counts the nodes' ``DetectionArray`` answers by stamp against the images sent.
+
+    A stamp may recur (a looping bag): an image counts as answered when its stamp has as
+    many answers as images sent with it so far.
+    """
+
+    def __init__(self, node: Any) -> None:
+        from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+        from uq_msgs.msg import DetectionArray
+
+        self._condition = threading.Condition()
+        self._sent: Counter[int] = Counter()
+        self._answered: Counter[int] = Counter()
+        self._order: list[int] = []
+        self.answers = 0
+        self.subscription = node.create_subscription(
+            DetectionArray, ANSWER_TOPIC, self._on_answer,
+            QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+
+    def _on_answer(self, msg: Any) -> None:
+        with self._condition:
+            self._answered[_stamp_ns(msg.header.stamp)] += 1
+            self.answers += 1
+            self._condition.notify_all()
+
+    def sent(self, stamp_ns: int) -> None:
+        """Count an image with this stamp as sent."""
+        with self._condition:
+            self._sent[stamp_ns] += 1
+            self._order.append(stamp_ns)
+
+    def wait_answered(self, stamp_ns: int, timeout_s: float) -> bool:
+        """Wait until every image sent with ``stamp_ns`` is answered; False on timeout."""
+        with self._condition:
+            return self._condition.wait_for(
+                lambda: self._answered[stamp_ns] >= self._sent[stamp_ns], timeout_s)
+
+    @property
+    def images(self) -> int:
+        """Images sent."""
+        with self._condition:
+            return len(self._order)
+
+    def unanswered(self) -> list[int]:
+        """Stamps (ns) of the images sent and not answered, in the order sent."""
+        with self._condition:
+            missing = {s: max(0, n - self._answered[s]) for s, n in self._sent.items()}
+            out = []
+            for stamp in reversed(self._order):  # the latest images of a stamp lack answers
+                if missing[stamp]:
+                    missing[stamp] -= 1
+                    out.append(stamp)
+            return out[::-1]
+
+
+def _stamp_ns(stamp: Any) -> int:
+    return int(stamp.sec) * 10**9 + int(stamp.nanosec)
+
+
+def _image_subscribed_elsewhere(node: Any, topic: str) -> bool:
+    """Whether a node other than the player (and its recorder) subscribes to ``topic``."""
+    me = (node.get_name(), node.get_namespace())
+    return any((info.node_name, info.node_namespace) != me
+               for info in node.get_subscriptions_info_by_topic(topic))
+
+
+def format_stamps(stamps_ns: list[int]) -> str:
+    """Stamps as seconds, the first ones in full and the rest counted."""
+    shown = ', '.join(f'{s / 1e9:.3f}' for s in stamps_ns[:_STAMPS_SHOWN])
+    rest = len(stamps_ns) - _STAMPS_SHOWN
+    return shown + (f' and {rest} more' if rest > 0 else '')
+
+
 def play(bag: Path, rate: float = 1.0, start_offset: float = 0.0, clock: bool = False,
          topics: list[str] | None = None, record: Path | None = None,
-         linger_s: float = 2.0) -> dict:
-    """Play ``bag``; returns counts of messages played and recorded.
+         linger_s: float = 2.0, pace: Pacing | str = Pacing.ANSWERS,
+         answer_timeout_s: float = 5.0) -> dict:
+    """Play ``bag``; returns counts of messages played and recorded, and the images the
+    nodes answered.
+
+    Returns
+    -------
+    dict
+        ``played`` (messages), ``recorded`` (per topic), ``problems`` (of the bag),
+        ``images`` (images sent on topics that another node subscribes to), ``answered``
+        (of those) and ``unanswered`` (the others' stamps in ns, in the order sent);
+        ``images`` and ``answered`` are None when no node publishes ``detections``, and
+        images are then not awaited.
 
     Raises
     ------
     uq_eval.bags.reader.BagError
         When the bag cannot be read.
     ValueError
-        On a non-positive rate or a negative offset.
+        On a non-positive rate or answer timeout, a negative offset or an unknown pace.
     """
     import rclpy
     from builtin_interfaces.msg import Time
     from rclpy.executors import SingleThreadedExecutor
     from rclpy.qos import QoSProfile, ReliabilityPolicy
+    from rclpy.serialization import deserialize_message
     from rosgraph_msgs.msg import Clock
 
     from uq_common.spin_thread import SpinThread
@@ -137,6 +265,9 @@ def play(bag: Path, rate: float = 1.0, start_offset: float = 0.0, clock: bool = 
         raise ValueError(f'rate must be > 0, got {rate}')
     if start_offset < 0.0:
         raise ValueError(f'start offset must be >= 0, got {start_offset}')
+    if not answer_timeout_s > 0.0:
+        raise ValueError(f'answer timeout must be > 0, got {answer_timeout_s}')
+    pace = Pacing(pace)
     stream = BagStream(bag)
     wanted = set(topics) if topics else set(stream.topics)
     rclpy.init()
@@ -154,20 +285,36 @@ def play(bag: Path, rate: float = 1.0, start_offset: float = 0.0, clock: bool = 
         record_topics.update({t: ty for t, ty in stream.topics.items()
                               if t in wanted and ty in IMAGE_TYPES})
         recorder = Recorder(node, record, record_topics)
-    # A graph entry comes before the match that delivers data: a fixed pause lost the first
-    # frames to the detector or the recorder when discovery was slow.
+    tracker = AnswerTracker(node)
+    subscriptions = [tracker.subscription, *(recorder.subscriptions if recorder else [])]
+    image_publishers = [p for t, p in publishers.items() if stream.topics[t] in IMAGE_TYPES]
+    # A graph entry comes before the match that delivers data, and on a loaded machine the
+    # detector's endpoints reached the graph seconds after it was active: a fixed pause, or
+    # matching only what the graph showed, lost the first frames.
     time.sleep(_DISCOVERY_S)
     deadline = time.monotonic() + _MATCH_TIMEOUT_S
-    while (waiting := unmatched_endpoints(node, list(publishers.values()),
-                                          recorder.subscriptions if recorder else [])):
+    while (waiting := missing_image_nodes(node, image_publishers, tracker.subscription)
+           + unmatched_endpoints(node, list(publishers.values()), subscriptions)):
         if time.monotonic() > deadline:
-            print(f'warning: playing although not every endpoint is matched after '
-                  f'{_DISCOVERY_S + _MATCH_TIMEOUT_S:g} s: {"; ".join(waiting)}',
-                  file=sys.stderr)
+            print(f'warning: playing after {_DISCOVERY_S + _MATCH_TIMEOUT_S:g} s without a '
+                  f'complete graph: {"; ".join(waiting)}', file=sys.stderr)
             break
         time.sleep(0.05)
+    # The images awaited: those another node takes, while some node answers on detections.
+    answering = node.count_publishers(tracker.subscription.topic_name) > 0
+    awaited = {t for t, p in publishers.items()
+               if stream.topics[t] in IMAGE_TYPES and answering
+               and _image_subscribed_elsewhere(node, p.topic_name)}
+    image_classes = {t: message_class(stream.topics[t]) for t in awaited}
+    if not answering:
+        print(f'note: no node publishes {tracker.subscription.topic_name}: images are played '
+              f'without waiting for answers', file=sys.stderr)
     played = 0
     previous_log: int | None = None
+    previous_image: int | None = None  # stamp of the latest awaited image sent
+    # After an answer timed out, images are not held until answers come again (a stopped
+    # detector must not hold every remaining frame for the timeout).
+    held_answers: int | None = None
     bag_time = 0.0          # seconds of bag played so far, counting forward steps only
     due = time.monotonic()
 
@@ -190,10 +337,26 @@ def play(bag: Path, rate: float = 1.0, start_offset: float = 0.0, clock: bool = 
                 if previous_log is not None:
                     ahead = min(step, (time.monotonic() - (due - step / rate)) * rate)
                     publish_clock(previous_log + int(max(0.0, ahead) * 1e9))
+            stamp = None
+            if topic in awaited:
+                stamp = _stamp_ns(deserialize_message(bytes(raw), image_classes[topic])
+                                  .header.stamp)
+                if pace is Pacing.ANSWERS and previous_image is not None and (
+                        held_answers is None or tracker.answers > held_answers):
+                    held_answers = None
+                    if not tracker.wait_answered(previous_image, answer_timeout_s):
+                        held_answers = tracker.answers
+                    # The bag's spacing counts from here: no burst to catch up the wait.
+                    due = max(due, time.monotonic())
             publish_clock(log_ns)
             publishers[topic].publish(bytes(raw))
+            if stamp is not None:
+                tracker.sent(stamp)
+                previous_image = stamp
             previous_log = log_ns
             played += 1
+        if pace is Pacing.ANSWERS and previous_image is not None:
+            tracker.wait_answered(previous_image, answer_timeout_s)
         time.sleep(linger_s)
     finally:
         spinner.stop()
@@ -203,17 +366,21 @@ def play(bag: Path, rate: float = 1.0, start_offset: float = 0.0, clock: bool = 
         node.destroy_node()
         rclpy.try_shutdown()
         stream.close()
+    unanswered = tracker.unanswered() if answering else []
     return {'played': played, 'recorded': recorder.counts if recorder else {},
-            'problems': stream.problems}
+            'problems': stream.problems, 'images': tracker.images if answering else None,
+            'answered': tracker.images - len(unanswered) if answering else None,
+            'unanswered': unanswered}
 
 
 def run(args: argparse.Namespace) -> int:
-    """Play (and record); exit 2 on an unreadable bag or bad options."""
+    """Play (and record); exit 2 on an unreadable bag or bad options, 1 when the nodes left
+    images unanswered."""
     from uq_eval.bags.reader import BagError
 
     try:
         result = play(args.bag, args.rate, args.start_offset, args.clock, args.topics,
-                      args.record, args.linger)
+                      args.record, args.linger, args.pace, args.answer_timeout)
     except (BagError, ValueError) as err:
         print(f'error: {err}', file=sys.stderr)
         return 2
@@ -222,6 +389,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"played {result['played']} messages from {args.bag}")
     if args.record is not None:
         print(f"recorded into {args.record}: {result['recorded']}")
+    if result['images'] is not None:
+        print(f"answered {result['answered']} of {result['images']} images "
+              f"(a {ANSWER_TOPIC} message with the image's stamp)")
+    if result['unanswered']:
+        print(f"warning: the nodes did not answer {len(result['unanswered'])} of "
+              f"{result['images']} images, stamped {format_stamps(result['unanswered'])}",
+              file=sys.stderr)
     for problem in result['problems']:
         print(f'warning: {problem}', file=sys.stderr)
-    return 2 if result['problems'] else 0
+    if result['problems']:
+        return 2
+    return 1 if result['unanswered'] else 0
