@@ -1,15 +1,25 @@
 """Fixtures shared by every test folder of the workspace: rclpy contexts on a ROS domain
 private to the test module, so that test modules running side by side do not hear each
-other; and the product's loggers kept propagating under the optional launch kit."""
+other; a ROS home private to the test run, so that what a detector learns in one test (its
+learnt state persists under the ROS home by default) never reaches another test or the
+user's own ``~/.ros``; and the product's loggers kept propagating under the optional launch
+kit."""
 
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import zlib
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Set before any test starts a node process, which inherits it.
+    os.environ['ROS_HOME'] = tempfile.mkdtemp(prefix='uq-test-ros-home-')
 
 
 def _private_context(module_name: str) -> Iterator[Any]:

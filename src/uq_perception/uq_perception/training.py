@@ -423,14 +423,15 @@ def fit_gp(head: LinearHead, class_names: Sequence[str], model_id: str,
            val_labels: np.ndarray,
            candidates: tuple[tuple[str, int], ...] = (('kmeans', 1), ('kmeans', 4),
                                                       ('class', 0)),
-           seed: int = 0, log: Any = _log) -> tuple[LastLayerNTKGP, list[GPCandidate]]:
+           seed: int = 0, log: Any = _log, reference_split: str = 'val'
+           ) -> tuple[LastLayerNTKGP, list[GPCandidate]]:
     """Fit the last-layer NTK-GP and choose its gating on validation data.
 
     Every candidate gating is fitted on the training embeddings, its probit factor and
     temperature are calibrated on one half of the validation embeddings, and it is scored
     by the NLL on the other half. The winner (fewest experts among those within
     :data:`NLL_TIE` nats of the lowest NLL) is recalibrated on all validation embeddings,
-    including its OOD threshold.
+    including its OOD threshold and the reference of its calibrated score.
 
     The same fit serves any detector of the detector contract (``uq gp fit``): it sees only
     the linear head, the class names and the features.
@@ -447,6 +448,8 @@ def fit_gp(head: LinearHead, class_names: Sequence[str], model_id: str,
         ``(N, D)`` features and ``(N,)`` class indices of known objects.
     candidates : tuple[tuple[str, int], ...]
         ``(gating, num_experts)`` pairs; class gating uses one expert per class (pass 0).
+    reference_split : str
+        Name of the validation data, recorded as the score reference's provenance.
     """
     from uq_perception.metrics import nll
     from uq_perception.ntk import Gating, LastLayerNTKGP, NTKGPConfig
@@ -492,6 +495,7 @@ def fit_gp(head: LinearHead, class_names: Sequence[str], model_id: str,
     gp = build(chosen.gating, chosen.num_experts)
     gp.calibrate_probabilities(val_features, val_labels)
     gp.calibrate_ood(val_features)
+    gp.calibrate_score(val_features, reference_split)
     return gp, scored
 
 
