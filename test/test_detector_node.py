@@ -42,6 +42,7 @@ from uq_msgs.msg import DetectionArray
 from uq_msgs.srv import TeachObject
 from uq_perception.detector import CenterNetDetector, save_detector
 from uq_perception.detector_node import DetectorNode
+from uq_perception.duplicate_suppression import DuplicateSuppression
 from uq_perception.ntk import LastLayerNTKGP
 
 CLASSES = ['box', 'sphere', 'cylinder', 'capsule', 'ellipsoid', 'mug']
@@ -387,6 +388,32 @@ def test_invalid_parameters_are_rejected_and_old_values_kept(harness):
     assert harness.send_until_answered(harness.reliable, msg)
     out = next(d for d in harness.detections if d.header.stamp == msg.header.stamp)
     assert len(out.detections) <= 2
+
+
+def test_duplicate_suppression_follows_its_parameters_at_runtime(ros_context, model_files):
+    detector = _detector(ros_context, model_files)
+    h = Harness(ros_context, detector)
+    try:
+        _activate(h)
+
+        def set_params(*params: Parameter):
+            future = h.params.set_parameters(list(params))
+            assert h.wait_for(future.done)
+            return future.result().results
+
+        assert detector._perception.duplicates == DuplicateSuppression()
+        [bad] = set_params(Parameter('duplicate_score_ratio', value=1.0))
+        assert not bad.successful and 'duplicate_score_ratio' in bad.reason
+        [good] = set_params(Parameter('duplicate_containment', value=0.9))
+        assert good.successful
+        assert detector._perception.duplicates == DuplicateSuppression(containment=0.9)
+        [off] = set_params(Parameter('suppress_duplicates', value=False))
+        assert off.successful and detector._perception.duplicates is None
+        msg = h.image()
+        assert h.send_until_answered(h.reliable, msg)
+    finally:
+        h.close()
+        detector.destroy_node()
 
 
 def test_corrupt_model_file_fails_configure_and_node_keeps_running(ros_context, tmp_path):

@@ -87,6 +87,7 @@ from uq_common.rolling_stats import RollingStats
 from uq_msgs.msg import DetectionArray
 from uq_msgs.srv import TeachObject
 from uq_perception.backends import BackendKind
+from uq_perception.duplicate_suppression import DuplicateSuppression
 from uq_perception.messages import DetectionArrayBuilder, marker_array_message
 from uq_perception.model_files import default_detector_path, default_gp_path
 
@@ -118,6 +119,21 @@ PARAMETERS = [
                   min_value=1, max_value=100),
     ParameterSpec('tracking_iou', 0.3, 'Minimum IoU to continue an object track.',
                   min_value=0.01, max_value=1.0),
+    ParameterSpec('suppress_duplicates', True,
+                  'Drop duplicate boxes of one object, across classes '
+                  '(uq_perception/duplicate_suppression.py): a weaker box overlapping a '
+                  'stronger one by duplicate_iou, or lying duplicate_containment inside it '
+                  'with at most duplicate_score_ratio of its score.'),
+    ParameterSpec('duplicate_iou', 0.7,
+                  'IoU with a stronger box at or above which a box is a duplicate.',
+                  min_value=0.01, max_value=1.0),
+    ParameterSpec('duplicate_containment', 0.7,
+                  'Share of a box inside a stronger box at or above which it may be a part '
+                  'of the same object.', min_value=0.01, max_value=1.0),
+    ParameterSpec('duplicate_score_ratio', 0.6,
+                  'A box inside a stronger one is a part of it when its score is at most '
+                  'this fraction of the stronger score (0: never).',
+                  min_value=0.0, max_value=0.99),
     ParameterSpec('max_image_pixels', MAX_IMAGE_PIXELS,
                   'Frames with more pixels are rejected before decoding.',
                   min_value=1, max_value=100_000_000),
@@ -150,6 +166,14 @@ _SPECS = {spec.name: spec for spec in PARAMETERS}
 _IMAGE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
                         reliability=ReliabilityPolicy.BEST_EFFORT,
                         durability=DurabilityPolicy.VOLATILE)
+
+
+def _duplicates(params: dict[str, Any]) -> DuplicateSuppression | None:
+    """The duplicate suppression the parameters ask for (``None``: off)."""
+    if not params['suppress_duplicates']:
+        return None
+    return DuplicateSuppression(params['duplicate_iou'], params['duplicate_containment'],
+                                params['duplicate_score_ratio'])
 
 
 class ImageInputThread:
@@ -368,7 +392,7 @@ class DetectorNode(LifecycleNode):
         self._learnt_state_problem = learnt.problem
         self._learnt_state_source = learnt.source
         return UncertaintyPerception(backend, gp, p['score_threshold'], p['max_detections'],
-                                     IoUTracker(p['tracking_iou']))
+                                     IoUTracker(p['tracking_iou']), _duplicates(p))
 
     def _learned_gp_path(self, model_id: str) -> Path | None:
         from uq_perception.teaching import default_learnt_state_path
@@ -412,6 +436,7 @@ class DetectorNode(LifecycleNode):
             self._perception.score_threshold = self._params['score_threshold']
             self._perception.max_detections = self._params['max_detections']
             self._perception.tracker.iou_threshold = self._params['tracking_iou']
+            self._perception.duplicates = _duplicates(self._params)
         return SetParametersResult(successful=True)
 
     # --- data path -------------------------------------------------------------------

@@ -15,6 +15,7 @@ import numpy as np
 
 from uq_perception.box_uncertainty import box_std, cell_size
 from uq_perception.contract import Detections, DetectorContract
+from uq_perception.duplicate_suppression import DuplicateSuppression
 from uq_perception.ntk import LastLayerNTKGP, UncertaintyOutput
 from uq_perception.tracking import IoUTracker
 
@@ -70,6 +71,10 @@ class FrameResult:
         return int(np.argmax(self.uncertainty.gp_variance))
 
 
+# The node's defaults (config/detector.yaml), so evaluators run what the node runs.
+_DEFAULT_DUPLICATES = DuplicateSuppression()
+
+
 class UncertaintyPerception:
     """Detect, attach NTK-GP uncertainty, track.
 
@@ -84,11 +89,15 @@ class UncertaintyPerception:
         Objectness cut and cap per frame.
     tracker
         Track-id assignment; ``None`` gives every detection id -1.
+    duplicates
+        Class-agnostic suppression of duplicate boxes of one object, applied to the
+        detector's output before anything else sees it; ``None`` keeps every detection.
     """
 
     def __init__(self, backend: DetectorContract, gp: LastLayerNTKGP,
                  score_threshold: float = 0.3, max_detections: int = 20,
-                 tracker: IoUTracker | None = None) -> None:
+                 tracker: IoUTracker | None = None,
+                 duplicates: DuplicateSuppression | None = _DEFAULT_DUPLICATES) -> None:
         if backend.feature_dim != gp.feature_dim:
             raise ValueError(
                 f'detector feature dimension {backend.feature_dim} does not match '
@@ -99,12 +108,18 @@ class UncertaintyPerception:
         self.score_threshold = score_threshold
         self.max_detections = max_detections
         self.tracker = tracker
+        self.duplicates = duplicates
 
     def process(self, image_rgb: np.ndarray) -> FrameResult:
         """Run the pipeline on one ``(H, W, 3)`` uint8 RGB image."""
         start = time.perf_counter()
         detections = self.backend.infer(image_rgb, self.score_threshold, self.max_detections)
         forward_end = time.perf_counter()
+        if self.duplicates is not None and len(detections) > 1:
+            keep = self.duplicates.keep(detections.boxes, detections.scores)
+            if not keep.all():
+                detections = Detections(detections.boxes[keep], detections.scores[keep],
+                                        detections.embeddings[keep], detections.logits[keep])
         # The GP's head can have grown classes through online labels; its logits are the
         # ones that match its class list.
         uncertainty = self.gp.predict(detections.embeddings)
