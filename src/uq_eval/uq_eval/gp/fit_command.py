@@ -105,7 +105,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help='CPU threads of the network')
     parser.add_argument('--provider', default='cpu',
                         help='ONNX Runtime execution provider: cpu, cuda or tensorrt')
-    parser.add_argument('--no-progress', action='store_true', help='hide progress bars')
+    parser.add_argument('--no-progress', action='store_true',
+                        help='hide progress bars and step lines (the summary stays)')
     adapter = parser.add_argument_group('ONNX adapter settings, for --model-format onnx '
                                         '(docs/detector_contract.md)')
     for option, (_, text) in _ADAPTER_OPTIONS.items():
@@ -248,7 +249,8 @@ def _load_data(args: argparse.Namespace, class_names: list[str]) -> dict[str, An
                               'sha256': val_set.sha256,
                               'images_dir': None if args.val_images is None
                               else str(args.val_images)}
-        reference = f'validation file {args.val_annotations.name}'
+        reference = (f'validation file {args.val_annotations.parent.name}/'
+                     f'{args.val_annotations.name}')
     else:
         train_index, val_index = split_indices(len(train_set), args.val_fraction, args.seed)
         train_images = [train_set.images[i] for i in train_index]
