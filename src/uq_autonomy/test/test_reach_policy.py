@@ -48,17 +48,52 @@ def test_quaternion_matrix_matches_known_rotation_and_rejects_zero():
 def test_policy_goes_to_nearest_target_class_detection_and_stops_there():
     policy = ReachPolicy(ReachPolicyConfig(target_class='ellipsoid', max_speed=0.2))
     near, far = (0.05, -0.05, 0.03), (-0.15, 0.12, 0.03)
-    dets = [('ellipsoid', *project(CAMERA, far)), ('box', *project(CAMERA, (0.0, -0.2, 0.03))),
-            ('ellipsoid', *project(CAMERA, near))]
+    dets = [('ellipsoid', *project(CAMERA, far), 1),
+            ('box', *project(CAMERA, (0.0, -0.2, 0.03)), 2),
+            ('ellipsoid', *project(CAMERA, near), 3)]
     gripper = (0.0, -0.26)
     goal = policy.observe(dets, CAMERA, gripper)
-    assert np.allclose(goal, near[:2])
+    assert np.allclose(goal, near[:2]) and policy.target_track == 3
     vx, vy, vz = policy.command(gripper)
     assert vz == 0.0
     assert math.hypot(vx, vy) == pytest.approx(0.2)
     assert np.allclose(np.array([vx, vy]) / 0.2, (np.array(near[:2]) - gripper)
                        / np.linalg.norm(np.array(near[:2]) - gripper))
     assert policy.command(near[:2]) == (0.0, 0.0, -0.05)  # at the goal: grasp
-    assert policy.observe([('box', 100.0, 100.0), ('ellipsoid', math.nan, 3.0)],
+    assert policy.observe([('box', 100.0, 100.0, 2), ('ellipsoid', math.nan, 3.0, 4)],
                           CAMERA, gripper) is None
-    assert policy.command(gripper) == (0.0, 0.0, 0.0)
+    assert policy.target_track == -1 and policy.command(gripper) == (0.0, 0.0, 0.0)
+
+
+def test_policy_keeps_reaching_for_its_track_whatever_class_it_gets_meanwhile():
+    policy = ReachPolicy(ReachPolicyConfig(target_class='ellipsoid'))
+    first, nearer = (0.05, -0.05, 0.03), (0.0, -0.2, 0.03)
+    gripper = (0.0, -0.26)
+    policy.observe([('ellipsoid', *project(CAMERA, first), 5)], CAMERA, gripper)
+    assert policy.target_track == 5
+    # A nearer target-class detection appears and track 5 is read as a torus for two
+    # frames (release_after_frames 3): the policy stays on track 5.
+    frame = [('ellipsoid', *project(CAMERA, nearer), 6), ('torus', *project(CAMERA, first), 5)]
+    for _ in range(2):
+        goal = policy.observe(frame, CAMERA, gripper)
+        assert policy.target_track == 5 and np.allclose(goal, first[:2])
+    policy.observe([('ellipsoid', *project(CAMERA, first), 5)], CAMERA, gripper)  # resets
+    for _ in range(2):
+        policy.observe(frame, CAMERA, gripper)
+    assert policy.target_track == 5
+    # The third misreading in a row lets it go: the nearest target-class detection wins.
+    goal = policy.observe(frame, CAMERA, gripper)
+    assert policy.target_track == 6 and np.allclose(goal, nearer[:2])
+    # Track 6 gone: chosen afresh among the target-class detections (none here).
+    assert policy.observe([('torus', *project(CAMERA, first), 5)], CAMERA, gripper) is None
+    assert policy.target_track == -1
+
+
+def test_untracked_detections_are_chosen_afresh_every_frame():
+    policy = ReachPolicy(ReachPolicyConfig(target_class='ellipsoid'))
+    a, b = (0.05, -0.05, 0.03), (0.0, -0.2, 0.03)
+    gripper = (0.0, -0.26)
+    policy.observe([('ellipsoid', *project(CAMERA, a), -1)], CAMERA, gripper)
+    goal = policy.observe([('ellipsoid', *project(CAMERA, a), -1),
+                           ('ellipsoid', *project(CAMERA, b), -1)], CAMERA, gripper)
+    assert policy.target_track == -1 and np.allclose(goal, b[:2])

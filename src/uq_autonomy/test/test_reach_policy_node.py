@@ -17,6 +17,7 @@ from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CameraInfo
+from std_msgs.msg import Int32
 
 from uq_autonomy.reach_policy_node import ReachPolicyNode
 from uq_common.spin_thread import SpinThread
@@ -49,6 +50,10 @@ class Harness:
         camera_pose.publish(down)
         self.peer.create_subscription(Twist, 'autonomy/cmd_vel', self._on_cmd, QoSProfile(
             depth=100, reliability=ReliabilityPolicy.BEST_EFFORT))
+        self.targets: list[int] = []
+        self.peer.create_subscription(Int32, 'autonomy/target_track_id', self._on_target,
+                                      QoSProfile(depth=100,
+                                                 reliability=ReliabilityPolicy.BEST_EFFORT))
         self.peer.create_timer(0.05, self._stream)
         self._spinners: list[tuple[SingleThreadedExecutor, SpinThread]] = []
         for node in (self.node, self.peer):
@@ -63,8 +68,12 @@ class Harness:
         pose = PoseStamped()
         pose.pose.position.x, pose.pose.position.y = self.gripper
         self.robot_pub.publish(pose)
-        d = Detection(class_id='ellipsoid', center_x=CX + 100.0, center_y=CY)
+        d = Detection(class_id='ellipsoid', center_x=CX + 100.0, center_y=CY, track_id=4)
         self.det_pub.publish(DetectionArray(detections=[d]))
+
+    def _on_target(self, msg: Int32) -> None:
+        with self.lock:
+            self.targets.append(msg.data)
 
     def _on_cmd(self, msg: Twist) -> None:
         with self.lock:
@@ -110,3 +119,16 @@ def test_a_non_finite_gripper_pose_is_dropped_and_the_proposal_is_zero(harness: 
     assert h.node.invalid_poses >= 2
     h.gripper = (0.0, 0.0)
     h.wait_command(lambda c: c[0] == pytest.approx(0.2), 'the proposal once the pose is valid')
+
+
+def test_the_track_reached_for_is_announced_and_withdrawn_with_the_goal(harness: Harness
+                                                                        ) -> None:
+    h = harness
+    h.wait_command(lambda c: c[0] == pytest.approx(0.2), 'the proposal toward the target')
+    with h.lock:
+        assert h.targets and h.targets[-1] == 4
+    h.gripper = (math.nan, 0.0)  # no gripper, no proposal: no target either
+    h.wait_command(lambda c: c == (0.0, 0.0, 0.0), 'a zero proposal')
+    time.sleep(0.1)
+    with h.lock:
+        assert h.targets[-1] == -1

@@ -11,7 +11,10 @@ Adapts :class:`uq_autonomy.reach_policy.ReachPolicy` to ROS:
 - ``autonomy/cmd_vel`` (geometry_msgs/Twist, out, every ``period_s``): the proposal, zero
   while the camera, its pose, the gripper or a target detection is missing, when the last
   detections are older than ``detection_timeout_s``, or should the policy ever compute a
-  non-finite command; ``linear.z`` negative at the goal (grasp).
+  non-finite command; ``linear.z`` negative at the goal (grasp);
+- ``autonomy/target_track_id`` (std_msgs/Int32, out, with each proposal): the track the
+  proposal reaches for, -1 whenever the proposal is zero for want of a goal; the
+  arbitration node follows it under ``driving_detection: autonomy_target``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from geometry_msgs.msg import PoseStamped, Twist
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CameraInfo
+from std_msgs.msg import Int32
 
 from uq_autonomy.reach_policy import PinholeCamera, ReachPolicy, ReachPolicyConfig, quat_to_matrix
 from uq_common.node_main import node_argument_parser, run_node
@@ -45,6 +49,9 @@ PARAMETERS = [
                   max_value=2.0, read_only=True),
     ParameterSpec('stop_radius', 0.015, 'No motion closer than this to the goal, m.',
                   min_value=0.0, max_value=0.2, read_only=True),
+    ParameterSpec('release_after_frames', 3, 'The target track is let go once read as '
+                  'another class in this many frames in a row.', min_value=1,
+                  max_value=1000, read_only=True),
     ParameterSpec('detection_timeout_s', 0.5, 'Older detections give no goal, s.',
                   min_value=0.05, max_value=10.0, read_only=True),
     ParameterSpec('period_s', 0.05, 'Command publishing period, s.', min_value=0.005,
@@ -70,13 +77,15 @@ class ReachPolicyNode(Node):
         self._params = p
         self._policy = ReachPolicy(ReachPolicyConfig(
             target_class=p['target_class'], plane_height=p['plane_height'], gain=p['gain'],
-            max_speed=p['max_speed'], stop_radius=p['stop_radius']))
+            max_speed=p['max_speed'], stop_radius=p['stop_radius'],
+            release_after_frames=p['release_after_frames']))
         self._intrinsics: tuple[float, float, float, float] | None = None
         self._camera_pose: tuple[tuple[float, float, float], np.ndarray] | None = None
         self._gripper: np.ndarray | None = None
         self._last_detections = -np.inf
         self._invalid_poses = 0
         self._pub = self.create_publisher(Twist, 'autonomy/cmd_vel', _COMMAND_QOS)
+        self._target_pub = self.create_publisher(Int32, 'autonomy/target_track_id', _COMMAND_QOS)
         self.create_subscription(DetectionArray, 'detections', self._on_detections, _SENSOR_QOS)
         self.create_subscription(CameraInfo, 'camera_info', self._on_camera_info, _SENSOR_QOS)
         self.create_subscription(PoseStamped, 'camera_pose', self._on_camera_pose, _LATCHED_QOS)
@@ -116,14 +125,14 @@ class ReachPolicyNode(Node):
         if self._intrinsics is None or self._camera_pose is None or self._gripper is None:
             return
         camera = PinholeCamera(*self._intrinsics, *self._camera_pose)
-        self._policy.observe([(d.class_id, d.center_x, d.center_y) for d in msg.detections],
-                             camera, self._gripper)
+        self._policy.observe([(d.class_id, d.center_x, d.center_y, d.track_id)
+                              for d in msg.detections], camera, self._gripper)
         self._last_detections = time.monotonic()
 
     def _on_timer(self) -> None:
         fresh = time.monotonic() - self._last_detections <= self._params['detection_timeout_s']
-        vx, vy, vz = self._policy.command(self._gripper) if (
-            fresh and self._gripper is not None) else (0.0, 0.0, 0.0)
+        driving = fresh and self._gripper is not None
+        vx, vy, vz = self._policy.command(self._gripper) if driving else (0.0, 0.0, 0.0)
         if not all(math.isfinite(v) for v in (vx, vy, vz)):
             self.get_logger().error(f'non-finite command ({vx}, {vy}, {vz}) replaced by zero',
                                     throttle_duration_sec=2.0)
@@ -131,13 +140,16 @@ class ReachPolicyNode(Node):
         msg = Twist()
         msg.linear.x, msg.linear.y, msg.linear.z = vx, vy, vz
         self._pub.publish(msg)
+        has_goal = driving and self._policy.goal is not None
+        self._target_pub.publish(Int32(data=self._policy.target_track if has_goal else -1))
 
 
 def main(args: list[str] | None = None) -> int:
     """Run the node (``--help`` lists the parameters without starting ROS)."""
     parser = node_argument_parser(
         NODE_NAME, __doc__.split('\n\n')[0], PARAMETERS, 'config/shared_autonomy.yaml',
-        'topics: sub detections, camera_info, camera_pose, robot_pose; pub autonomy/cmd_vel.')
+        'topics: sub detections, camera_info, camera_pose, robot_pose; pub autonomy/cmd_vel, '
+        'autonomy/target_track_id.')
     return run_node(ReachPolicyNode, parser, args)
 
 
