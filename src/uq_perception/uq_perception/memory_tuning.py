@@ -5,8 +5,7 @@ A CPU forward pass of the detector allocates feature maps of a few megabytes. gl
 memory back to the kernel on ``free`` (``M_TRIM_THRESHOLD``), so at camera rate, with idle
 time between frames, the next forward pass touches new pages and pays the page faults.
 Raising both thresholds (PyTorch's CPU performance guide addresses the same effect with
-jemalloc/tcmalloc or these ``MALLOC_*`` settings; docs/performance.md has the measured
-gain) keeps at most
+jemalloc/tcmalloc or these ``MALLOC_*`` settings; docs/performance.md) keeps at most
 ``threshold_bytes`` of freed memory in the process for the next frame.
 """
 
