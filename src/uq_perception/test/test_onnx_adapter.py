@@ -1,18 +1,13 @@
-"""The ONNX adapter on small YOLO-style and DETR-style networks written here in torch and
+"""The ONNX adapter on small YOLO-style and DETR-style networks written in torch (conftest.py) and
 exported to ONNX in the test: the feature tap finds the class-logit nodes, every kept
 detection's logits are ``W phi + b``, and boxes and scores match the torch model's own
 inference (its own decode and NMS, written in torch below)."""
 
 from __future__ import annotations
 
-import logging
-import warnings
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 pytest.importorskip('onnx', reason='onnx is part of the CPU install (requirements/app.in)')
@@ -38,111 +33,6 @@ from uq_perception.onnx_runtime import (  # noqa: E402
 )
 
 TOLERANCE = 1e-4
-
-
-# ------------------------------------------------------------------ networks under test
-
-
-class TinyYolo(nn.Module):
-    """Anchor-free three-scale head as in YOLOv8/11: per scale a box branch and a class
-    branch ending in a 1x1 convolution; output ``(1, 4 + C, N)`` with ``cx, cy, w, h`` in
-    input pixels and sigmoid class scores."""
-
-    strides = (8, 16, 32)
-
-    def __init__(self, num_classes: int = 3, width: int = 16, shared_classifier: bool = False
-                 ) -> None:
-        super().__init__()
-        self.num_classes = num_classes
-
-        def conv(cin: int, cout: int, stride: int = 1) -> nn.Module:
-            return nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1), nn.SiLU())
-
-        self.stem = nn.Sequential(conv(3, width, 2), conv(width, width, 2), conv(width, width, 2))
-        self.down = nn.ModuleList([conv(width, width, 2), conv(width, width, 2)])
-        self.box_branch = nn.ModuleList(
-            [nn.Sequential(conv(width, width), nn.Conv2d(width, 4, 1)) for _ in self.strides])
-        self.cls_trunk = nn.ModuleList([conv(width, width) for _ in self.strides])
-        classifier = nn.Conv2d(width, num_classes, 1)
-        self.cls_conv = nn.ModuleList(
-            [classifier if shared_classifier else nn.Conv2d(width, num_classes, 1)
-             for _ in self.strides])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        feats = [self.stem(x)]
-        for down in self.down:
-            feats.append(down(feats[-1]))
-        outs, anchors, strides = [], [], []
-        for i, (feat, stride) in enumerate(zip(feats, self.strides, strict=True)):
-            b, _, h, w = feat.shape
-            cls = self.cls_conv[i](self.cls_trunk[i](feat))
-            outs.append(torch.cat([self.box_branch[i](feat), cls], 1).view(
-                b, 4 + self.num_classes, -1))
-            ys, xs = torch.meshgrid(torch.arange(h, dtype=x.dtype) + 0.5,
-                                    torch.arange(w, dtype=x.dtype) + 0.5, indexing='ij')
-            anchors.append(torch.stack([xs.reshape(-1), ys.reshape(-1)]))
-            strides.append(torch.full((1, h * w), float(stride)))
-        raw = torch.cat(outs, 2)
-        box, cls = raw.split((4, self.num_classes), 1)
-        ltrb = F.softplus(box)
-        anchor, stride = torch.cat(anchors, 1), torch.cat(strides, 1)
-        x1y1, x2y2 = anchor - ltrb[:, :2], anchor + ltrb[:, 2:]
-        return torch.cat([(x1y1 + x2y2) / 2 * stride, (x2y2 - x1y1) * stride, cls.sigmoid()], 1)
-
-    def class_weights(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        return [(c.weight.detach().numpy()[:, :, 0, 0], c.bias.detach().numpy())
-                for c in self.cls_conv]
-
-
-class TinyDetr(nn.Module):
-    """Set-prediction head as in DETR/RT-DETR: learnt queries attend to image tokens; a
-    final linear ``class_embed`` gives the logits, an MLP the normalised boxes."""
-
-    def __init__(self, num_classes: int = 5, d: int = 32, queries: int = 12,
-                 combined: bool = False) -> None:
-        super().__init__()
-        self.combined = combined
-        self.backbone = nn.Sequential(nn.Conv2d(3, d, 4, 4), nn.ReLU(), nn.Conv2d(d, d, 2, 2),
-                                      nn.ReLU())
-        self.query = nn.Parameter(torch.randn(queries, d))
-        self.attn = nn.MultiheadAttention(d, 4, batch_first=True)
-        self.ffn = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d))
-        self.norm = nn.LayerNorm(d)
-        self.class_embed = nn.Linear(d, num_classes)
-        self.bbox_embed = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, 4))
-
-    def forward(self, x: torch.Tensor):
-        tokens = self.backbone(x).flatten(2).transpose(1, 2)
-        q = self.query.unsqueeze(0).expand(x.shape[0], -1, -1)
-        h, _ = self.attn(q, tokens, tokens)
-        h = self.norm(h + self.ffn(h))
-        logits, boxes = self.class_embed(h), self.bbox_embed(h).sigmoid()
-        if self.combined:  # one output, boxes then class probabilities (RT-DETR exports)
-            return torch.cat([boxes, logits.sigmoid()], 2)
-        return logits, boxes
-
-
-class NoLinearHead(nn.Module):
-    """A dense net without any 1x1 convolution or linear layer."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 7, 3, 8, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(x).flatten(2)
-
-
-def export(module: nn.Module, size: tuple[int, int], path: Path,
-           output_names: list[str]) -> Path:
-    # Exporter chatter (torchvision operators it cannot register, deprecations) is noise.
-    logging.getLogger('torch.onnx').setLevel(logging.ERROR)
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter('ignore')
-        torch.onnx.export(module.eval(), (torch.rand(1, 3, *size),), str(path), dynamo=True,
-                          verbose=False, opset_version=18, input_names=['images'],
-                          output_names=output_names)
-    return path
 
 
 # ---------------------------------------------------------- the torch models' own inference
@@ -185,7 +75,7 @@ def letterbox_reference(image: np.ndarray, size: tuple[int, int], pad: int
 
 
 @torch.no_grad()
-def yolo_reference(model: TinyYolo, image: np.ndarray, size: tuple[int, int],
+def yolo_reference(model: nn.Module, image: np.ndarray, size: tuple[int, int],
                    threshold: float, iou: float = 0.7, limit: int = 100):
     x, ratio, left, top = letterbox_reference(image, size, 114)
     out = model(x)[0]
@@ -203,7 +93,7 @@ def yolo_reference(model: TinyYolo, image: np.ndarray, size: tuple[int, int],
 
 
 @torch.no_grad()
-def detr_reference(model: TinyDetr, image: np.ndarray, size: tuple[int, int],
+def detr_reference(model: nn.Module, image: np.ndarray, size: tuple[int, int],
                    threshold: float):
     x, ratio, left, top = letterbox_reference(image, size, 114)
     logits, boxes = model(x)
@@ -223,17 +113,6 @@ def to_xyxy(centre_size: np.ndarray) -> np.ndarray:
                             c[:, 0] + c[:, 2] / 2, c[:, 1] + c[:, 3] / 2])
 
 
-def scene(seed: int, shape: tuple[int, int]) -> np.ndarray:
-    """A frame with a few bright rectangles on a textured background."""
-    rng = np.random.default_rng(seed)
-    image = (rng.random((*shape, 3)) * 60).astype(np.uint8)
-    for _ in range(4):
-        y, x = rng.integers(0, shape[0] - 20), rng.integers(0, shape[1] - 20)
-        image[y:y + rng.integers(8, 30), x:x + rng.integers(8, 40)] = rng.integers(
-            100, 256, 3, dtype=np.uint8)
-    return image
-
-
 # ----------------------------------------------------------------------------- fixtures
 
 
@@ -242,18 +121,18 @@ DETR_SIZE = (64, 64)
 
 
 @pytest.fixture(scope='module')
-def yolo(tmp_path_factory):
+def yolo(tmp_path_factory, toy):
     torch.manual_seed(0)
-    model = TinyYolo().eval()
-    path = export(model, YOLO_SIZE, tmp_path_factory.mktemp('yolo') / 'yolo.onnx', ['output0'])
+    model = toy.TinyYolo().eval()
+    path = toy.export(model, YOLO_SIZE, tmp_path_factory.mktemp('yolo') / 'yolo.onnx', ['output0'])
     return model, path
 
 
 @pytest.fixture(scope='module')
-def detr(tmp_path_factory):
+def detr(tmp_path_factory, toy):
     torch.manual_seed(1)
-    model = TinyDetr().eval()
-    path = export(model, DETR_SIZE, tmp_path_factory.mktemp('detr') / 'detr.onnx',
+    model = toy.TinyDetr().eval()
+    path = toy.export(model, DETR_SIZE, tmp_path_factory.mktemp('detr') / 'detr.onnx',
                   ['pred_logits', 'pred_boxes'])
     return model, path
 
@@ -278,7 +157,7 @@ def assert_same_detections(dets, reference) -> None:
 
 
 @pytest.mark.parametrize('shape', [YOLO_SIZE, (150, 260)])
-def test_yolo_head_is_tapped_and_matches_the_torch_inference(yolo, shape):
+def test_yolo_head_is_tapped_and_matches_the_torch_inference(yolo, shape, toy):
     model, path = yolo
     detector = OnnxDetector(path)
     assert detector.tap.layout is HeadLayout.YOLO and len(detector.tap.nodes) == 3
@@ -290,7 +169,7 @@ def test_yolo_head_is_tapped_and_matches_the_torch_inference(yolo, shape):
     np.testing.assert_array_equal(head.weight, np.concatenate(blocks, 1))
     assert not head.bias.any()
     for seed in range(3):
-        image = scene(seed, shape)
+        image = toy.scene(seed, shape)
         dets = detector.infer(image, 0.3, 50)
         assert_same_detections(dets, yolo_reference(model, image, YOLO_SIZE, 0.3, limit=50))
         # Every kept detection: logits == W phi + b, and phi is one scale's block.
@@ -300,21 +179,21 @@ def test_yolo_head_is_tapped_and_matches_the_torch_inference(yolo, shape):
         assert (ones.sum(1) == 1).all() and set(np.unique(ones)) <= {0.0, 1.0}
 
 
-def test_shared_class_convolution_gives_the_plain_features(tmp_path):
+def test_shared_class_convolution_gives_the_plain_features(tmp_path, toy):
     torch.manual_seed(2)
-    model = TinyYolo(num_classes=2, shared_classifier=True).eval()
-    detector = OnnxDetector(export(model, YOLO_SIZE, tmp_path / 'shared.onnx', ['output0']))
+    model = toy.TinyYolo(num_classes=2, shared_classifier=True).eval()
+    detector = OnnxDetector(toy.export(model, YOLO_SIZE, tmp_path / 'shared.onnx', ['output0']))
     assert not detector.tap.stacked and detector.feature_dim == 16
     (weight, bias), *_ = model.class_weights()
     np.testing.assert_array_equal(detector.head().weight, weight)
-    image = scene(5, YOLO_SIZE)
+    image = toy.scene(5, YOLO_SIZE)
     dets = detector.infer(image, 0.2, 30)
     assert_same_detections(dets, yolo_reference(model, image, YOLO_SIZE, 0.2, limit=30))
     check_linear_head(detector.head(), dets.embeddings, dets.logits, TOLERANCE)
 
 
 @pytest.mark.parametrize('shape', [DETR_SIZE, (90, 70)])
-def test_detr_head_is_tapped_and_matches_the_torch_inference(detr, shape):
+def test_detr_head_is_tapped_and_matches_the_torch_inference(detr, shape, toy):
     model, path = detr
     detector = OnnxDetector(path)
     assert detector.tap.layout is HeadLayout.DETR and detector.nms is NmsMode.NONE
@@ -324,38 +203,38 @@ def test_detr_head_is_tapped_and_matches_the_torch_inference(detr, shape):
     np.testing.assert_array_equal(detector.head().bias, model.class_embed.bias.detach().numpy())
     assert detector.feature_dim == 32 and detector.num_classes == 5
     for seed in range(3):
-        image = scene(seed, shape)
+        image = toy.scene(seed, shape)
         dets = detector.infer(image, 0.2, 12)
         assert_same_detections(dets, detr_reference(model, image, DETR_SIZE, 0.2))
         check_linear_head(detector.head(), dets.embeddings, dets.logits, TOLERANCE)
 
 
-def test_detr_single_output_and_four_classes_are_resolved(tmp_path):
+def test_detr_single_output_and_four_classes_are_resolved(tmp_path, toy):
     torch.manual_seed(3)
-    combined = TinyDetr(num_classes=3, combined=True).eval()
-    detector = OnnxDetector(export(combined, DETR_SIZE, tmp_path / 'one.onnx', ['output0']))
+    combined = toy.TinyDetr(num_classes=3, combined=True).eval()
+    detector = OnnxDetector(toy.export(combined, DETR_SIZE, tmp_path / 'one.onnx', ['output0']))
     assert detector.tap.layout is HeadLayout.DETR and detector.tap.output_activation == 'sigmoid'
     combined.combined = False
-    image = scene(1, DETR_SIZE)
+    image = toy.scene(1, DETR_SIZE)
     dets = detector.infer(image, 0.1, 12)
     assert_same_detections(dets, detr_reference(combined, image, DETR_SIZE, 0.1))
     # Four classes: boxes and logits are both (1, Q, 4); the box output is known by name.
     torch.manual_seed(4)
-    four = TinyDetr(num_classes=4).eval()
-    detector = OnnxDetector(export(four, DETR_SIZE, tmp_path / 'four.onnx',
+    four = toy.TinyDetr(num_classes=4).eval()
+    detector = OnnxDetector(toy.export(four, DETR_SIZE, tmp_path / 'four.onnx',
                                    ['pred_logits', 'pred_boxes']))
     np.testing.assert_array_equal(detector.head().weight, four.class_embed.weight.detach().numpy())
     dets = detector.infer(image, 0.1, 12)
     assert_same_detections(dets, detr_reference(four, image, DETR_SIZE, 0.1))
 
 
-def test_explicit_class_nodes_and_layout(yolo, detr):
+def test_explicit_class_nodes_and_layout(yolo, detr, toy):
     model, path = yolo
     auto = OnnxDetector(path)
     names = tuple(node.name for node in auto.tap.nodes)
     explicit = OnnxDetector(path, OnnxAdapterConfig(layout='yolo', class_nodes=names))
     assert [n.name for n in explicit.tap.nodes] == list(names)
-    image = scene(7, YOLO_SIZE)
+    image = toy.scene(7, YOLO_SIZE)
     a, b = auto.infer(image, 0.3, 20), explicit.infer(image, 0.3, 20)
     np.testing.assert_array_equal(a.embeddings, b.embeddings)
     with pytest.raises(ValueError, match="class node 'no_such_node' is not a linear node"):
@@ -370,15 +249,15 @@ def test_explicit_class_nodes_and_layout(yolo, detr):
         OnnxDetector(detr_path, OnnxAdapterConfig(layout='yolo'))
 
 
-def test_model_without_a_linear_head_is_refused(tmp_path):
-    path = export(NoLinearHead(), (32, 32), tmp_path / 'dense.onnx', ['out'])
+def test_model_without_a_linear_head_is_refused(tmp_path, toy):
+    path = toy.export(toy.NoLinearHead(), (32, 32), tmp_path / 'dense.onnx', ['out'])
     with pytest.raises(ValueError, match='no linear node'):
         OnnxDetector(path)
 
 
-def test_settings_change_the_processing(yolo):
+def test_settings_change_the_processing(yolo, toy):
     _, path = yolo
-    image = scene(3, (150, 260))
+    image = toy.scene(3, (150, 260))
     stretched = OnnxDetector(path, OnnxAdapterConfig(resize=ResizeMode.STRETCH))
     boxed = OnnxDetector(path)
     a, b = stretched.infer(image, 0.0, 5), boxed.infer(image, 0.0, 5)
@@ -457,10 +336,10 @@ def test_nms_suppresses_by_rule():
     assert non_max_suppression(boxes, scores, 1.0).tolist() == [3, 0, 1, 2]
 
 
-def test_features_of_a_dataset_fit_a_gp_of_the_model_dimension(yolo):
+def test_features_of_a_dataset_fit_a_gp_of_the_model_dimension(yolo, toy):
     _, path = yolo
     detector = OnnxDetector(path)
-    images = [scene(seed, (120, 160)) for seed in range(6)]
+    images = [toy.scene(seed, (120, 160)) for seed in range(6)]
     features = extract_features(detector, images, 0.05, 20)
     assert len(features) > 20 and features.embeddings.shape[1] == detector.feature_dim == 51
     assert features.image_index.min() == 0 and features.image_index.max() == 5

@@ -104,6 +104,11 @@ def test_export_is_cached_by_model_and_rebuilt_when_corrupt_or_stale(tmp_path):
     assert stale.prepared.agreement.passes()
     assert onnx_export.read_export_metadata(path)['digest'] == \
         onnx_export.export_metadata(model)['digest']
+    # Retrained weights under the same id replace the older export; other ids stay.
+    kept = create_backend('onnxruntime', _tiny(5, 'tiny-model-2'), onnx_cache_dir=tmp_path)
+    newer = create_backend('onnxruntime', other, onnx_cache_dir=tmp_path)
+    assert sorted(tmp_path.joinpath('onnx').iterdir()) == sorted(
+        [kept.prepared.path, newer.prepared.path])
 
 
 def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):

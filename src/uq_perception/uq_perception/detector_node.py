@@ -6,6 +6,11 @@ subscription and the diagnostics timer exist only while active, and every publis
 lifecycle publisher, so nothing is published while inactive. The node only adapts ROS to
 :class:`uq_perception.perception.UncertaintyPerception`.
 
+The detector is any detector of the contract (docs/detector_contract.md), opened by
+:mod:`uq_perception.detector_loading`: the shipped model on one of its backends
+(``onnxruntime`` by default, ``pytorch-cpu`` when its ONNX export cannot run), or an ONNX
+file (``model_format:=onnx``) read by the ONNX adapter with the ``onnx_*`` settings.
+
 Topics (relative names, remap as usual):
 
 - ``image`` (sensor_msgs/Image, in): best-effort, depth 1, so a slow frame makes the
@@ -86,33 +91,114 @@ from uq_common.parameters import ParameterSpec, declare_parameters, first_invali
 from uq_common.rolling_stats import RollingStats
 from uq_msgs.msg import DetectionArray
 from uq_msgs.srv import TeachObject
-from uq_perception.backends import BackendKind
+from uq_perception.backends import DEFAULT_CPU_BACKEND, BackendKind
+from uq_perception.detector_loading import (
+    ModelFormat,
+    adapter_config_from_parameters,
+    runtime_from_parameters,
+)
 from uq_perception.duplicate_suppression import DuplicateSuppression
 from uq_perception.messages import DetectionArrayBuilder, marker_array_message
 from uq_perception.model_files import default_detector_path, default_gp_path
+from uq_perception.onnx_adapter import (
+    BoxFormat,
+    ChannelOrder,
+    HeadLayout,
+    NmsMode,
+    ResizeMode,
+    ScoreActivation,
+)
+from uq_perception.onnx_runtime import MAX_THREADS, ExecutionProvider
 
 NODE_NAME = 'detector_node'
+_INPUT_SIZE_RULE = 'onnx_input_width and onnx_input_height: both 0 or both set'
+
 
 PARAMETERS = [
+    ParameterSpec('model_format', ModelFormat.TORCH.value,
+                  'What model_path holds: torch (a uq_perception detector, the shipped '
+                  'CenterNet) or onnx (any ONNX detector with a linear class head, read by '
+                  'the ONNX adapter with the onnx_* settings; docs/detector_contract.md).',
+                  choices=[f.value for f in ModelFormat], read_only=True),
     ParameterSpec('model_path', str(default_detector_path()),
-                  'Detector weights (uq_perception CenterNet file); default: the shipped '
-                  'model (share/uq_perception/models, or $UQ_MODEL_DIR).', read_only=True),
+                  'Detector file (of model_format); default: the shipped model '
+                  '(share/uq_perception/models, or $UQ_MODEL_DIR).', read_only=True),
     ParameterSpec('gp_path', str(default_gp_path()),
-                  'NTK-GP artefact fitted for these weights.', read_only=True),
-    ParameterSpec('backend', BackendKind.PYTORCH_CPU.value,
-                  'Inference backend.', choices=[k.value for k in BackendKind], read_only=True),
+                  'NTK-GP artefact fitted for this detector (its model id must match).',
+                  read_only=True),
+    ParameterSpec('backend', DEFAULT_CPU_BACKEND.value,
+                  'Inference backend. onnxruntime runs an ONNX export of a torch model '
+                  '(built on first start, cached under onnx_cache_dir, checked against '
+                  'torch; pytorch-cpu with a warning when it cannot) and every ONNX model.',
+                  choices=[k.value for k in BackendKind], read_only=True),
     ParameterSpec('engine_path', '',
                   'TensorRT engine built by `uq build-engine` (backend tensorrt only).',
                   read_only=True),
     ParameterSpec('warmup_frames', 3,
-                  'Blank frames run through the CUDA or TensorRT backend on configure, so the '
-                  'first camera frames do not pay for lazy initialisation (0: none).',
+                  'Blank frames run through every backend but pytorch-cpu on configure, so '
+                  'the first camera frames do not pay for lazy initialisation (0: none).',
                   min_value=0, max_value=100, read_only=True),
     ParameterSpec('torch_threads', 1,
                   'CPU threads of the PyTorch backends. One is the robust choice on a '
                   'shared CPU: spinning OpenMP threads stall when other processes (the '
                   'rest of the robot stack) want the cores.',
                   min_value=1, max_value=64, read_only=True),
+    ParameterSpec('onnx_provider', ExecutionProvider.CPU.value,
+                  'ONNX Runtime execution provider of the onnxruntime backend (cuda and '
+                  'tensorrt need onnxruntime-gpu).',
+                  choices=[p.value for p in ExecutionProvider], read_only=True),
+    ParameterSpec('onnx_threads', 1,
+                  'Intra-op CPU threads of ONNX Runtime (one: as torch_threads).',
+                  min_value=1, max_value=MAX_THREADS, read_only=True),
+    ParameterSpec('onnx_cache_dir', '',
+                  'Where the ONNX export of a torch model is cached; empty: $UQ_CACHE_DIR, '
+                  'else $ROS_HOME/uq_perception, else ~/.ros/uq_perception.', read_only=True),
+    ParameterSpec('onnx_layout', HeadLayout.AUTO.value,
+                  'Output layout of an ONNX model: yolo ((1, 4 + C, N) from per-scale 1x1 '
+                  'class convolutions), detr (per-query boxes and logits from a final linear '
+                  'layer), or auto.', choices=[v.value for v in HeadLayout], read_only=True),
+    ParameterSpec('onnx_class_nodes', '',
+                  'Comma-separated names of the class-logit node(s) of an ONNX model, in '
+                  'anchor order; empty: found automatically.', read_only=True),
+    ParameterSpec('onnx_input_width', 0,
+                  'Network input width of an ONNX model with a dynamic input (0: its own).',
+                  min_value=0, max_value=8192, read_only=True, constraints=_INPUT_SIZE_RULE),
+    ParameterSpec('onnx_input_height', 0,
+                  'Network input height of an ONNX model with a dynamic input (0: its own).',
+                  min_value=0, max_value=8192, read_only=True, constraints=_INPUT_SIZE_RULE),
+    ParameterSpec('onnx_resize', ResizeMode.LETTERBOX.value,
+                  'How a frame becomes the ONNX model\'s input: letterbox (aspect kept, '
+                  'padded) or stretch.', choices=[v.value for v in ResizeMode], read_only=True),
+    ParameterSpec('onnx_pad_value', 114, 'Grey level of the letterbox padding.',
+                  min_value=0, max_value=255, read_only=True),
+    ParameterSpec('onnx_channel_order', ChannelOrder.RGB.value,
+                  'Channel order the ONNX model expects.',
+                  choices=[v.value for v in ChannelOrder], read_only=True),
+    ParameterSpec('onnx_mean', [0.0, 0.0, 0.0],
+                  'Per-channel mean subtracted from the [0, 1] input (model channel order).',
+                  min_value=-10.0, max_value=10.0, read_only=True,
+                  constraints='3 values'),
+    ParameterSpec('onnx_std', [1.0, 1.0, 1.0],
+                  'Per-channel standard deviation dividing the input after the mean.',
+                  min_value=1e-6, max_value=10.0, read_only=True,
+                  constraints='3 values'),
+    ParameterSpec('onnx_box_format', BoxFormat.AUTO.value,
+                  'Box coordinates of the ONNX model (auto: cxcywh pixels for yolo, '
+                  'cxcywh-normalized for detr).',
+                  choices=[v.value for v in BoxFormat], read_only=True),
+    ParameterSpec('onnx_score_activation', ScoreActivation.AUTO.value,
+                  'Logits to class probabilities (auto: the activation found in the graph, '
+                  'else sigmoid).', choices=[v.value for v in ScoreActivation], read_only=True),
+    ParameterSpec('onnx_nms', NmsMode.AUTO.value,
+                  'Non-maximum suppression of the ONNX model\'s boxes (auto: class for yolo, '
+                  'none for detr).', choices=[v.value for v in NmsMode], read_only=True),
+    ParameterSpec('onnx_nms_iou', 0.7, 'IoU above which the weaker box is suppressed.',
+                  min_value=0.01, max_value=1.0, read_only=True),
+    ParameterSpec('onnx_max_candidates', 300, 'Most candidates entering suppression.',
+                  min_value=1, max_value=100_000, read_only=True),
+    ParameterSpec('onnx_class_names', '',
+                  'Comma-separated class names of an ONNX model; empty: its names metadata, '
+                  'else class_0 ...', read_only=True),
     ParameterSpec('score_threshold', 0.3, 'Minimum objectness of a published detection.',
                   min_value=0.0, max_value=1.0),
     ParameterSpec('max_detections', 20, 'Maximum detections per image.',
@@ -256,7 +342,11 @@ class DetectorNode(LifecycleNode):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(NODE_NAME, **kwargs)
         self._params = declare_parameters(self, PARAMETERS)
+        # Rules across parameters, checked at start-up like each value's own (ValueError).
+        self._runtime = runtime_from_parameters(self._params)
+        self._adapter = adapter_config_from_parameters(self._params)
         self.add_on_set_parameters_callback(self._on_set_parameters)
+        self._backend_name = ''
         self._perception: Any = None
         self._model_id = ''
         self._device = ''
@@ -306,7 +396,7 @@ class DetectorNode(LifecycleNode):
         self._teach_service = self.create_service(TeachObject, 'teach_object', self._on_teach)
         self.get_logger().info(
             f'configured: model {self._model_id} from {self._params["model_path"]} on '
-            f'{self._params["backend"]} '
+            f'{self._backend_name} '
             f'({self._device}), classes {self._perception.gp.class_names}')
         return TransitionCallbackReturn.SUCCESS
 
@@ -358,8 +448,7 @@ class DetectorNode(LifecycleNode):
         # Heavy imports here, so `--help` and parameter errors answer without torch.
         import torch
 
-        from uq_perception.backends import create_backend
-        from uq_perception.detector import load_detector
+        from uq_perception.detector_loading import load_model, start_detector
         from uq_perception.memory_tuning import retain_freed_memory
         from uq_perception.ntk import LastLayerNTKGP
         from uq_perception.perception import UncertaintyPerception
@@ -371,20 +460,22 @@ class DetectorNode(LifecycleNode):
         if not retain_freed_memory():
             self.get_logger().info('allocator thresholds unchanged (no glibc mallopt): '
                                    'inference may page-fault more on each frame')
-        model = load_detector(p['model_path'])
-        model_id = getattr(model, 'model_id', '')
-        gp = LastLayerNTKGP.load(p['gp_path'], feature_dim=model.embedding_dim,
-                                 model_id=model_id or None)
+        model = load_model(p['model_format'], p['model_path'], self._runtime, self._adapter)
+        gp = LastLayerNTKGP.load(p['gp_path'], feature_dim=model.feature_dim,
+                                 model_id=model.model_id or None)
         learnt = load_learnt_state(gp, self._learned_gp_path(gp.model_id))
         if learnt.problem:
             self.get_logger().warning(learnt.message)
         else:
             self.get_logger().info(learnt.message)
         gp = learnt.gp
-        backend = create_backend(p['backend'], model, engine_path=p['engine_path'] or None)
-        if backend.kind != BackendKind.PYTORCH_CPU and p['warmup_frames'] > 0:
+        backend, fallback = start_detector(model, self._runtime, gp)
+        if fallback:
+            self.get_logger().warning(fallback)
+        self._backend_name = backend.backend_name
+        if self._backend_name != BackendKind.PYTORCH_CPU.value and p['warmup_frames'] > 0:
             seconds = backend.warm_up(p['warmup_frames'])
-            self.get_logger().info(f'warmed up {backend.kind.value} with '
+            self.get_logger().info(f'warmed up {self._backend_name} with '
                                    f'{p["warmup_frames"]} frames in {seconds:.2f} s')
         self._model_id = gp.model_id
         self._device = backend.device_name
@@ -503,7 +594,7 @@ class DetectorNode(LifecycleNode):
             return
         # Published before the next frame is built, so its message objects can be reused.
         self._outputs['detections'].publish(self._detection_builder.build(
-            frame, msg.header, self._params['backend'], self._model_id,
+            frame, msg.header, self._backend_name, self._model_id,
             self._params['publish_embeddings']))
         latency_ms = (time.time_ns() - received_ns) * 1e-6
         self._stats.increment('processed')
@@ -572,7 +663,7 @@ class DetectorNode(LifecycleNode):
             'frames_dropped': str(counters.get('dropped', 0)),
             'frames_rejected': str(counters.get('rejected', 0)),
             'inference_errors': str(counters.get('errors', 0)),
-            'backend': self._params['backend'], 'device': self._device,
+            'backend': self._backend_name, 'device': self._device,
             'model_id': self._model_id,
             'camera_info': ('x'.join(map(str, self._camera_info_size[::-1]))
                             if self._camera_info_size else 'none'),

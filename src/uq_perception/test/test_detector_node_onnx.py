@@ -1,0 +1,140 @@
+"""The detector node runs an ONNX detector (model_format onnx) over real DDS: a YOLO-style
+network exported here, its GP fitted on features extracted through the ONNX adapter,
+detections published with that GP's uncertainty; wrong settings refuse to start or to
+configure with a reason."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip('onnxruntime', reason='onnxruntime is part of the CPU install')
+
+from lifecycle_msgs.msg import Transition  # noqa: E402 - after the skip
+from lifecycle_msgs.srv import ChangeState  # noqa: E402
+from rclpy.executors import MultiThreadedExecutor  # noqa: E402
+from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
+from rclpy.node import Node  # noqa: E402
+from rclpy.parameter import Parameter  # noqa: E402
+from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
+from sensor_msgs.msg import Image  # noqa: E402
+
+from uq_common.image_codec import rgb_to_image_fields  # noqa: E402
+from uq_msgs.msg import DetectionArray  # noqa: E402
+from uq_perception.contract import extract_features, gp_head_arguments  # noqa: E402
+from uq_perception.detector_node import DetectorNode  # noqa: E402
+from uq_perception.ntk import LastLayerNTKGP, NTKGPConfig  # noqa: E402
+from uq_perception.onnx_adapter import OnnxDetector  # noqa: E402
+
+TIMEOUT_S = 30.0
+SIZE = (96, 128)
+
+
+@pytest.fixture(scope='module')
+def onnx_files(tmp_path_factory, toy):
+    """A YOLO-style ONNX detector and a GP fitted on its features of a few frames."""
+    folder = tmp_path_factory.mktemp('onnx_model')
+    torch.manual_seed(0)
+    path = toy.export(toy.TinyYolo().eval(), SIZE, folder / 'yolo.onnx', ['output0'])
+    detector = OnnxDetector(path)
+    features = extract_features(detector, [toy.scene(seed, (120, 160)) for seed in range(8)],
+                                0.05, 30)
+    gp = LastLayerNTKGP(config=NTKGPConfig(num_experts=1), **gp_head_arguments(detector))
+    gp.fit(features.embeddings)
+    gp.calibrate_ood(features.embeddings)
+    gp.save(folder / 'yolo_gp.npz')
+    return path, folder / 'yolo_gp.npz', detector.model_id, detector.feature_dim
+
+
+def _node(context, path, gp_path, **parameters) -> DetectorNode:
+    values = {'model_format': 'onnx', 'model_path': str(path), 'gp_path': str(gp_path),
+              'score_threshold': 0.05, 'max_detections': 5, 'persist_learnt_state': False,
+              **parameters}
+    return DetectorNode(context=context, parameter_overrides=[
+        Parameter(name, value=value) for name, value in values.items()])
+
+
+def test_onnx_model_publishes_detections_with_its_gp_over_dds(ros_context, onnx_files, toy):
+    path, gp_path, model_id, feature_dim = onnx_files
+    detector = _node(ros_context, path, gp_path)
+    client = Node('onnx_detector_test_client', context=ros_context)
+    received: list[DetectionArray] = []
+    client.create_subscription(DetectionArray, 'detections', received.append,
+                               QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
+    images = client.create_publisher(
+        Image, 'image', QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE))
+    change_state = client.create_client(ChangeState, 'detector_node/change_state')
+    executor = MultiThreadedExecutor(num_threads=3, context=ros_context)
+    executor.add_node(detector)
+    executor.add_node(client)
+    thread = threading.Thread(target=executor.spin, daemon=True)
+    thread.start()
+    try:
+        assert change_state.wait_for_service(timeout_sec=TIMEOUT_S)
+        for transition in (Transition.TRANSITION_CONFIGURE, Transition.TRANSITION_ACTIVATE):
+            future = change_state.call_async(
+                ChangeState.Request(transition=Transition(id=transition)))
+            deadline = time.monotonic() + TIMEOUT_S
+            while not future.done() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert future.done() and future.result().success
+        msg = Image(**rgb_to_image_fields(toy.scene(11, (150, 200))))
+        msg.header.stamp.sec, msg.header.frame_id = 7, 'camera_optical_frame'
+        deadline = time.monotonic() + TIMEOUT_S
+        while not received and time.monotonic() < deadline:
+            images.publish(msg)
+            time.sleep(0.2)
+        assert received, 'no DetectionArray within the timeout'
+        out = received[0]
+        assert out.backend == 'onnxruntime' and out.model_id == model_id
+        assert out.class_names == ['class_0', 'class_1', 'class_2']
+        assert 1 <= len(out.detections) <= 5 and out.header.stamp.sec == 7
+        for det in out.detections:
+            assert len(det.embedding) == feature_dim
+            assert np.isfinite(det.uncertainty.gp_variance) and det.uncertainty.gp_variance > 0
+            assert 0.0 <= det.score <= 1.0 and 0 <= det.center_x <= 200
+    finally:
+        executor.shutdown()
+        thread.join(timeout=5)
+        client.destroy_node()
+        detector.destroy_node()
+
+
+def test_onnx_model_needs_the_onnxruntime_backend_and_its_own_gp(ros_context, onnx_files,
+                                                                 capfd):
+    path, gp_path, _, _ = onnx_files
+    wrong_backend = _node(ros_context, path, gp_path, backend='pytorch-cpu')
+    try:
+        assert wrong_backend.trigger_configure() == TransitionCallbackReturn.FAILURE
+    finally:
+        wrong_backend.destroy_node()
+    # The shipped GP names another model: refused at configure, not used silently.
+    from uq_perception.model_files import default_gp_path
+
+    other_gp = _node(ros_context, path, default_gp_path())
+    try:
+        assert other_gp.trigger_configure() == TransitionCallbackReturn.FAILURE
+    finally:
+        other_gp.destroy_node()
+    log = capfd.readouterr().err
+    assert 'an ONNX model runs on backend onnxruntime, not pytorch-cpu' in log
+    assert 'detector_gp.npz: feature dimension mismatch: file has 64, expected 51' in log
+
+
+@pytest.mark.parametrize('parameters, message', [
+    ({'onnx_input_width': 320}, 'onnx_input_width and onnx_input_height must both be 0'),
+    ({'onnx_mean': [0.5, 0.5]}, 'onnx_mean needs 3 values'),
+    ({'onnx_class_names': 'a,,b'}, 'onnx_class_names: empty name'),
+    ({'onnx_class_names': 'a,a,b'}, 'onnx_class_names must be unique'),
+    ({'onnx_layout': 'ssd'}, 'onnx_layout must be one of'),
+    ({'onnx_provider': 'opencl'}, 'onnx_provider must be one of'),
+    ({'model_format': 'tflite'}, 'model_format must be one of'),
+])
+def test_invalid_onnx_settings_refuse_to_start(ros_context, onnx_files, parameters, message):
+    path, gp_path, _, _ = onnx_files
+    with pytest.raises(ValueError, match=message):
+        _node(ros_context, path, gp_path, **parameters)

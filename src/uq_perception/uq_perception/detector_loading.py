@@ -1,0 +1,250 @@
+"""Open any contract detector from its file and settings, with its GP (ROS-free).
+
+One entry point for the detector node and the commands that run a detector
+(:func:`open_detector`): the shipped CenterNet (``model_format`` ``torch``) on one of its
+backends, with the ``onnxruntime`` fallback to ``pytorch-cpu``; or a user's ONNX file
+(``onnx``) through the ONNX adapter. The GP is loaded between the network and the backend,
+as the GP artefact must name the detector's model id and feature dimension, and the
+onnxruntime backend's check compares GP variances.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from uq_common.str_enum import StrEnum
+from uq_perception.backends import BackendKind, create_backend_with_fallback
+from uq_perception.contract import DetectorContract
+from uq_perception.onnx_adapter import OnnxAdapterConfig, OnnxDetector
+from uq_perception.onnx_runtime import ExecutionProvider, parse_provider
+
+if TYPE_CHECKING:
+    from uq_perception.ntk import LastLayerNTKGP
+
+#: ``gp_loader(feature_dim, model_id)``: the GP fitted for that detector.
+GpLoader = Callable[[int, str], 'LastLayerNTKGP']
+
+
+class ModelFormat(StrEnum):
+    """What ``model_path`` holds."""
+
+    TORCH = 'torch'  # a detector saved by uq_perception (the shipped CenterNet)
+    ONNX = 'onnx'  # any ONNX detector with a linear class head (uq_perception.onnx_adapter)
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """Where and how the network runs.
+
+    Attributes
+    ----------
+    backend
+        :class:`~uq_perception.backends.BackendKind`; an ONNX model runs on ``onnxruntime``.
+    engine_path
+        TensorRT engine (``tensorrt`` only).
+    onnx_provider, onnx_threads
+        ONNX Runtime execution provider and intra-op threads.
+    onnx_cache_dir
+        Cache folder of the shipped model's ONNX export (``None``: the default).
+    """
+
+    backend: BackendKind = BackendKind.ONNXRUNTIME
+    engine_path: Path | None = None
+    onnx_provider: ExecutionProvider = ExecutionProvider.CPU
+    onnx_threads: int = 1
+    onnx_cache_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, 'backend', BackendKind(self.backend))
+        except ValueError:
+            raise ValueError(f'unknown backend {self.backend!r}; choose one of '
+                             f'{", ".join(k.value for k in BackendKind)}') from None
+        object.__setattr__(self, 'onnx_provider', parse_provider(self.onnx_provider))
+
+
+@dataclass(frozen=True)
+class OpenedDetector:
+    """A detector ready to run, its GP, and why its backend is not the one asked for.
+
+    Attributes
+    ----------
+    detector
+        The contract detector.
+    gp
+        The GP from ``gp_loader`` (``None`` without one).
+    fallback
+        One log line when ``onnxruntime`` fell back to ``pytorch-cpu``; '' otherwise.
+    """
+
+    detector: DetectorContract
+    gp: LastLayerNTKGP | None
+    fallback: str
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A detector network read from its file, before a backend runs it.
+
+    Attributes
+    ----------
+    model_format
+        :class:`ModelFormat`.
+    network
+        The :class:`~uq_perception.detector.CenterNetDetector` (``torch``), or the
+        :class:`~uq_perception.onnx_adapter.OnnxDetector` (``onnx``, already running).
+    """
+
+    model_format: ModelFormat
+    network: Any
+
+    @property
+    def feature_dim(self) -> int:
+        """``D`` of the features ``phi``: what the GP must have been fitted on."""
+        if self.model_format is ModelFormat.ONNX:
+            return int(self.network.feature_dim)
+        return int(self.network.embedding_dim)
+
+    @property
+    def model_id(self) -> str:
+        """The identity a GP artefact of this model records."""
+        return str(self.network.model_id)
+
+
+def load_model(model_format: ModelFormat | str, model_path: str | Path,
+               runtime: RuntimeSettings = RuntimeSettings(),
+               adapter: OnnxAdapterConfig | None = None) -> LoadedModel:
+    """Read the detector at ``model_path`` (an ONNX model is tapped and started here).
+
+    Raises
+    ------
+    ValueError
+        On an unknown format, an ONNX model asked to run on another backend than
+        ``onnxruntime``, or an unreadable model file.
+    uq_perception.onnx_runtime.OnnxRuntimeUnavailableError
+        When onnxruntime or the ONNX model's provider is missing.
+    """
+    try:
+        model_format = ModelFormat(model_format)
+    except ValueError:
+        raise ValueError(f'model_format must be one of torch, onnx, got {model_format!r}'
+                         ) from None
+    if model_format is ModelFormat.ONNX:
+        if runtime.backend is not BackendKind.ONNXRUNTIME:
+            raise ValueError(f'an ONNX model runs on backend onnxruntime, not '
+                             f'{runtime.backend.value} (choose its device with onnx_provider)')
+        return LoadedModel(model_format, OnnxDetector(
+            model_path, adapter or OnnxAdapterConfig(), runtime.onnx_provider,
+            runtime.onnx_threads))
+    from uq_perception.detector import load_detector
+
+    return LoadedModel(model_format, load_detector(model_path))
+
+
+def start_detector(loaded: LoadedModel, runtime: RuntimeSettings = RuntimeSettings(),
+                   gp: LastLayerNTKGP | None = None) -> tuple[DetectorContract, str]:
+    """The contract detector that runs ``loaded``, and one log line when ``onnxruntime``
+    fell back to ``pytorch-cpu`` ('' otherwise).
+
+    ``gp`` lets the onnxruntime backend's check compare GP variances with the torch model's.
+
+    Raises
+    ------
+    uq_perception.backends.BackendUnavailableError
+        When the requested backend cannot run here.
+    uq_perception.onnx_runtime.OnnxRuntimeUnavailableError
+        When a requested GPU provider of ONNX Runtime is missing.
+    """
+    if loaded.model_format is ModelFormat.ONNX:
+        return loaded.network, ''
+    return create_backend_with_fallback(
+        runtime.backend, loaded.network, runtime.engine_path,
+        onnx_provider=runtime.onnx_provider, onnx_threads=runtime.onnx_threads,
+        onnx_cache_dir=runtime.onnx_cache_dir, gp=gp)
+
+
+def open_detector(model_format: ModelFormat | str, model_path: str | Path,
+                  runtime: RuntimeSettings = RuntimeSettings(),
+                  adapter: OnnxAdapterConfig | None = None,
+                  gp_loader: GpLoader | None = None) -> OpenedDetector:
+    """:func:`load_model`, the GP of ``gp_loader(feature_dim, model_id)`` (it should refuse
+    a GP of another model; ``None``: no GP, e.g. to extract the features a GP is fitted on),
+    then :func:`start_detector`. The errors are theirs."""
+    loaded = load_model(model_format, model_path, runtime, adapter)
+    gp = gp_loader(loaded.feature_dim, loaded.model_id) if gp_loader else None
+    detector, fallback = start_detector(loaded, runtime, gp)
+    return OpenedDetector(detector, gp, fallback)
+
+
+def split_names(text: str) -> tuple[str, ...]:
+    """Comma-separated names (a string parameter) as a tuple; empty entries are refused.
+
+    Raises
+    ------
+    ValueError
+        On an empty name between commas.
+    """
+    if not text.strip():
+        return ()
+    names = tuple(part.strip() for part in text.split(','))
+    if not all(names):
+        raise ValueError(f'empty name in the comma-separated list {text!r}')
+    return names
+
+
+def adapter_config_from_parameters(values: Mapping[str, Any]) -> OnnxAdapterConfig:
+    """The ONNX adapter settings of the detector node's ``onnx_*`` parameters.
+
+    ``onnx_input_width`` and ``onnx_input_height`` are both 0 (the model's own input size)
+    or both positive; list and name parameters are checked by
+    :class:`~uq_perception.onnx_adapter.OnnxAdapterConfig`'s rules.
+
+    Raises
+    ------
+    ValueError
+        Naming the parameter that breaks a rule.
+    """
+    width, height = values['onnx_input_width'], values['onnx_input_height']
+    if (width == 0) != (height == 0):
+        raise ValueError('onnx_input_width and onnx_input_height must both be 0 (the model\'s '
+                         f'input size) or both set, got {width} x {height}')
+    names = {}
+    for key in ('onnx_class_nodes', 'onnx_class_names'):
+        try:
+            names[key] = split_names(values[key])
+        except ValueError as exc:
+            raise ValueError(f'{key}: {exc}') from None
+    mean, std = _triple(values['onnx_mean'], 'onnx_mean'), _triple(values['onnx_std'], 'onnx_std')
+    try:
+        # The settings' own rules name the setting; the parameter is it with onnx_ before.
+        return OnnxAdapterConfig(
+            layout=values['onnx_layout'], class_nodes=names['onnx_class_nodes'],
+            input_size=(height, width) if width else None,
+            resize=values['onnx_resize'], pad_value=values['onnx_pad_value'],
+            channel_order=values['onnx_channel_order'],
+            mean=mean, std=std,
+            box_format=values['onnx_box_format'],
+            score_activation=values['onnx_score_activation'], nms=values['onnx_nms'],
+            nms_iou=values['onnx_nms_iou'], max_candidates=values['onnx_max_candidates'],
+            class_names=names['onnx_class_names'])
+    except ValueError as exc:
+        raise ValueError(f'onnx_{exc}') from None
+
+
+def _triple(values: Sequence[float], name: str) -> tuple[float, float, float]:
+    if len(values) != 3:
+        raise ValueError(f'{name} needs 3 values, got {len(values)}')
+    return float(values[0]), float(values[1]), float(values[2])
+
+
+def runtime_from_parameters(values: Mapping[str, Any]) -> RuntimeSettings:
+    """The :class:`RuntimeSettings` of the detector node's parameters."""
+    return RuntimeSettings(
+        backend=values['backend'],
+        engine_path=Path(values['engine_path']) if values['engine_path'] else None,
+        onnx_provider=values['onnx_provider'], onnx_threads=values['onnx_threads'],
+        onnx_cache_dir=Path(values['onnx_cache_dir']).expanduser()
+        if values['onnx_cache_dir'] else None)
