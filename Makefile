@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 ENV := source scripts/env.sh &&
 # The launch tests run in `make test` where the launch stack is importable: set UQ_LAUNCH_KIT
-# to a virtualenv built by ../shared/tools/ros2-launch-kit (docs/deployment.md); without it
+# to a virtualenv that holds it (docs/deployment.md, "Tests of the launch files"); without it
 # they skip, saying why.
 # The kit's activate first deactivates .venv, restoring the PATH from before it: the
 # workspace's PATH (.venv/bin, the nodes' lib folders) is appended back after the kit's.

@@ -1,4 +1,4 @@
-"""The grasp task in closed loop across processes over DDS (issue 17).
+"""The grasp task in closed loop across processes over DDS.
 
 One loop for the module (domain 98): sim_robot_node, detector_node, arbitration_node,
 reach_policy_node and scripted_operator_node as separate processes, driven by the

@@ -1,4 +1,4 @@
-"""The shipped detector and NTK-GP on rendered simulator scenes (issue 5's acceptance test).
+"""The shipped detector and NTK-GP on rendered simulator scenes (its acceptance test).
 
 Each scene holds three known objects and one unknown shape at fixed table positions,
 rendered by MuJoCo, and runs through the same pipeline as the detector node

@@ -1,11 +1,12 @@
 """The launch files run by ``ros2 launch`` as a user runs them: arguments, bad input, respawn,
 the simulation.
 
-Needs the real ``ros2 launch`` (launch, launch_ros, ros2cli), which no package registry
-publishes: where ``launch_ros`` cannot be imported or ``ros2`` is not on PATH, this module
-is skipped with that reason. Run it with the launch kit (../shared/tools/ros2-launch-kit):
+Needs the real ``ros2 launch`` (launch, launch_ros, ros2cli), which the ROS apt repository
+publishes but PyPI does not: where ``launch_ros`` cannot be imported or ``ros2`` is not on
+PATH, this module is skipped with that reason. Run it in an environment that has them
+(docs/deployment.md, "Tests of the launch files"):
 
-    source ${TMPDIR:-/tmp}/ros2-launch-kit/bin/activate && source install/setup.bash
+    source <launch virtualenv>/bin/activate && source install/setup.bash
     python -m pytest test/test_launch_files.py
 """
 
@@ -25,11 +26,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytest.importorskip('launch_ros', reason='launch_ros is not importable: ROS 2 launch is on no '
-                    'package registry; build it with ../shared/tools/ros2-launch-kit')
+pytest.importorskip('launch_ros', reason='launch_ros is not importable: ROS 2 launch is not on '
+                    'PyPI; docs/deployment.md, "Tests of the launch files", says how to get it')
 if shutil.which('ros2') is None:
-    pytest.skip('the ros2 command is not on PATH (build ../shared/tools/ros2-launch-kit and '
-                'source its bin/activate)', allow_module_level=True)
+    pytest.skip('the ros2 command is not on PATH (docs/deployment.md, "Tests of the launch '
+                'files")', allow_module_level=True)
 
 WORKSPACE = Path(__file__).resolve().parents[1]
 LAUNCH_FILES = sorted((WORKSPACE / 'launch').glob('*.launch.py'))

@@ -12,11 +12,12 @@ four known objects) as a camera would, and asserts:
   with ``perception_stale`` once they stop;
 - after shutdown every process exited with code 0, and the detector was never respawned.
 
-``launch`` / ``launch_ros`` / ``launch_testing`` are on no package registry, so ``make
-setup`` cannot install them: where they cannot be imported this module is skipped with that
-reason. Run it for real with the launch kit (../shared/tools/ros2-launch-kit, README):
+``launch`` / ``launch_ros`` / ``launch_testing`` are in the ROS apt repository but not on
+PyPI, so ``make setup`` cannot install them: where they cannot be imported this module is
+skipped with that reason. Run it for real where they are (docs/deployment.md, "Tests of the
+launch files"):
 
-    source ${TMPDIR:-/tmp}/ros2-launch-kit/bin/activate && source install/setup.bash
+    source <launch virtualenv>/bin/activate && source install/setup.bash
     python -m pytest test/test_launch_stack.py      # launch_testing's pytest plugin
     launch_test test/test_launch_stack.py            # or its own runner
 """
@@ -32,8 +33,8 @@ from pathlib import Path
 
 import pytest
 
-_REASON = ('{} is not importable: ROS 2 launch is on no package registry; build it with '
-           '../shared/tools/ros2-launch-kit and run this test in its environment')
+_REASON = ('{} is not importable: ROS 2 launch is not on PyPI; docs/deployment.md, "Tests of '
+           'the launch files", says how to get it')
 for _module in ('launch_testing', 'launch_testing.actions', 'launch_ros'):
     pytest.importorskip(_module, reason=_REASON.format(_module))
 

@@ -7,7 +7,7 @@ Compared per frame: the full heatmap; the detections well above the operating th
 variance (the GP runs in float64 on the host from the engine's embeddings); and the OOD
 flags, except for detections whose CPU variance lies within the FP16 tolerance of the
 threshold. Tolerances are FP16's: a CPU emulation of FP16 embeddings on 75 rendered
-detections moved the variance by at most 2.0 % (issue 22).
+detections moved the variance by at most 2.0 %.
 """
 
 from __future__ import annotations

@@ -47,10 +47,10 @@ Threads: the image subscription lives on a private input node,
 ``<name>_image_input`` in the same namespace (:class:`ImageInputThread`), served by a
 dedicated thread that waits on that subscription alone, then converts, infers and
 publishes. The detector's executor thread therefore stays free for parameters, lifecycle
-services and diagnostics whatever inference costs (DESIGN.md's reason for a separate
-inference callback group); a frame that arrives while one is being processed waits in the
-depth-1 DDS queue, where a newer one replaces it (counted as dropped from the publisher's
-sequence numbers). docs/performance.md gives the measurements behind this choice over
+services and diagnostics whatever inference costs (docs/design.md, conventions); a frame
+that arrives while one is being processed waits in the depth-1 DDS queue, where a newer one
+replaces it (counted as dropped from the publisher's sequence numbers). docs/performance.md
+gives the reasons for this choice over
 rclpy's executors.
 """
 
