@@ -112,16 +112,20 @@ def test_every_rosdep_key_of_the_manifests_is_documented_and_nothing_else():
 
 def test_documented_resolutions_follow_the_rosdep_rules_of_the_bases():
     # ROS packages are the ros-jazzy-* packages of the distribution; the python3-* keys used
-    # here map to Ubuntu packages of the same name (rosdistro rosdep/python.yaml); `none`
-    # keys have no rosdep rule at all.
+    # here map to Ubuntu packages of the same name (rosdistro rosdep/python.yaml), the
+    # python3-*-pip ones to the pip package of the name between; `none` keys have no rosdep
+    # rule at all.
     for key, (kind, noble, jammy, _) in _documented_keys().items():
         if kind == 'ROS':
             assert noble == jammy == f"`ros-jazzy-{key.replace('_', '-')}`", key
         elif kind == 'Ubuntu':
             assert key.startswith('python3-') and noble == jammy == f'`{key}`', key
+        elif kind == 'pip':
+            assert re.fullmatch(r'python3-[\w-]+-pip', key), key
+            assert noble == jammy == f"`{key.removeprefix('python3-').removesuffix('-pip')}`"
         else:
             assert kind == 'none' and noble == jammy == '—', \
-                f'{key}: unknown kind {kind!r} (ROS, Ubuntu or none)'
+                f'{key}: unknown kind {kind!r} (ROS, Ubuntu, pip or none)'
 
 
 def _rosdep_types(step: str) -> set[str]:
