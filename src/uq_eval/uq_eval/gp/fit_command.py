@@ -26,21 +26,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from uq_common.arguments import non_negative_int, positive_float, positive_int
-from uq_common.str_enum import StrEnum
 
 if TYPE_CHECKING:
     from uq_perception.contract import DetectorContract
+    from uq_perception.detector_loading import ModelFormat
     from uq_perception.ntk import LastLayerNTKGP
 
 
-class ModelFormat(StrEnum):
-    """How ``--model`` is read."""
-
-    AUTO = 'auto'  # from the file name: .onnx is onnx, .pt/.pth torch
-    TORCH = 'torch'  # the shipped CenterNet format (uq train)
-    ONNX = 'onnx'  # any ONNX detector, through the ONNX adapter
-
-
+#: ``--model-format`` choice that reads the format from the file name.
+AUTO_FORMAT = 'auto'
 #: ONNX adapter settings: option name -> (OnnxAdapterConfig field, help).
 _ADAPTER_OPTIONS = {
     'layout': ('layout', 'head layout: auto, yolo or detr'),
@@ -71,9 +65,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Fit and calibrate the NTK-GP of a detector (.pt or .onnx) on a COCO dataset."""
     parser.add_argument('--model', type=Path, required=True,
                         help='the detector: the shipped format (.pt) or an ONNX file')
-    parser.add_argument('--model-format', default=ModelFormat.AUTO.value,
-                        choices=[f.value for f in ModelFormat],
-                        help='how to read --model (auto: from its file name)')
+    parser.add_argument('--model-format', default=AUTO_FORMAT,
+                        choices=[AUTO_FORMAT, 'torch', 'onnx'],
+                        help='how to read --model, as the node\'s model_format (auto: .onnx is '
+                             'onnx, .pt and .pth torch)')
     parser.add_argument('--annotations', type=Path, required=True,
                         help='COCO instances JSON (CVAT, Label Studio, FiftyOne export)')
     parser.add_argument('--images', type=Path, default=None,
@@ -133,9 +128,10 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _model_format(args: argparse.Namespace) -> ModelFormat:
-    chosen = ModelFormat(args.model_format)
-    if chosen is not ModelFormat.AUTO:
-        return chosen
+    from uq_perception.detector_loading import ModelFormat
+
+    if args.model_format != AUTO_FORMAT:
+        return ModelFormat(args.model_format)
     suffix = args.model.suffix.lower()
     if suffix == '.onnx':
         return ModelFormat.ONNX
@@ -154,7 +150,11 @@ def _file_sha256(path: Path) -> str:
 
 
 def open_detector(args: argparse.Namespace) -> tuple[DetectorContract, dict[str, Any]]:
-    """The contract detector ``args`` name, and its description for the report.
+    """The contract detector ``args`` name, opened as the detector node opens it
+    (:mod:`uq_perception.detector_loading`), and its description for the report.
+
+    The shipped format runs on ``pytorch-cpu``, the reference its other backends are
+    checked against; an ONNX model on ONNX Runtime with ``--provider``.
 
     Raises
     ------
@@ -164,39 +164,41 @@ def open_detector(args: argparse.Namespace) -> tuple[DetectorContract, dict[str,
     uq_perception.onnx_runtime.OnnxRuntimeUnavailableError
         When ONNX Runtime or the provider is missing.
     """
+    import torch
+
+    from uq_perception.backends import BackendKind
+    from uq_perception.detector_loading import (
+        ModelFormat,
+        RuntimeSettings,
+        load_model,
+        start_detector,
+    )
+    from uq_perception.onnx_adapter import OnnxAdapterConfig, OnnxDetector
+
     chosen = _model_format(args)
     settings = {field: getattr(args, option) for option, (field, _) in _ADAPTER_OPTIONS.items()
                 if getattr(args, option) is not None}
     if not args.model.is_file():
         raise ValueError(f'model file not found: {args.model}')
-    adapter: dict[str, Any] | None = None
-    detector: DetectorContract
-    if chosen is ModelFormat.TORCH:
-        if settings:
-            raise ValueError(f'ONNX adapter settings ({", ".join(sorted(settings))}) apply to '
-                             'ONNX models only')
-        import torch
-
-        from uq_perception.backends import TorchBackend
-        from uq_perception.detector import load_detector
-
-        torch.set_num_threads(args.threads)
-        detector = TorchBackend(load_detector(args.model))
-    else:
-        from uq_perception.onnx_adapter import OnnxAdapterConfig, OnnxDetector
-
-        for name in ('class_nodes', 'class_names', 'mean', 'std', 'input_size'):
-            if name in settings:
-                settings[name] = tuple(settings[name])
-        onnx_detector = OnnxDetector(args.model, OnnxAdapterConfig(**settings),
-                                     provider=args.provider, threads=args.threads)
-        adapter = onnx_detector.describe()
-        detector = onnx_detector
+    if chosen is ModelFormat.TORCH and settings:
+        raise ValueError(f'ONNX adapter settings ({", ".join(sorted(settings))}) apply to '
+                         'ONNX models only')
+    for name in ('class_nodes', 'class_names', 'mean', 'std', 'input_size'):
+        if name in settings:
+            settings[name] = tuple(settings[name])
+    runtime = RuntimeSettings(
+        backend=BackendKind.ONNXRUNTIME if chosen is ModelFormat.ONNX
+        else BackendKind.PYTORCH_CPU, onnx_provider=args.provider, onnx_threads=args.threads)
+    torch.set_num_threads(args.threads)
+    loaded = load_model(chosen, args.model, runtime, OnnxAdapterConfig(**settings)
+                        if chosen is ModelFormat.ONNX else None)
+    detector, _ = start_detector(loaded, runtime)
     info = {'path': str(args.model), 'format': chosen.value,
             'sha256': _file_sha256(args.model), 'model_id': detector.model_id,
             'classes': detector.class_names, 'feature_dim': detector.feature_dim,
             'input_size': list(detector.input_size), 'backend': detector.backend_name,
-            'device': detector.device_name, 'adapter': adapter}
+            'device': detector.device_name,
+            'adapter': detector.describe() if isinstance(detector, OnnxDetector) else None}
     return detector, info
 
 
