@@ -1,18 +1,28 @@
-"""The stack in the MuJoCo simulation: sim camera + detector, arbitration, ask-for-help.
+"""The stack in the MuJoCo simulation, open loop (scripted scenes) or closed loop (the grasp task).
 
-    ros2 launch uq_bringup sim.launch.py
+    ros2 launch uq_bringup sim.launch.py                               # tabletop_demo scene
     ros2 launch uq_bringup sim.launch.py scenario:=unknown_static rate_hz:=10.0
+    ros2 launch uq_bringup sim.launch.py closed_loop:=true             # `make demo`'s graph
     ros2 launch uq_bringup sim.launch.py --show-args
 
-Starts ``sim_camera_node`` (uq_sim, ``config/sim_camera.yaml``) publishing ``image`` and
-``camera_info`` in ``namespace``, and includes ``uq_stack.launch.py`` with the same
-namespace and topics (every stack argument can be passed through, e.g. ``backend:=...``).
+Both include ``uq_stack.launch.py`` (detector, arbitration and ask-for-help nodes) in
+``namespace``; every stack argument can be passed through (``profile:=robot``,
+``backend:=...``, ``ask_for_help:=false``, ...).
 
-The closed-loop parts come with later work (the velocity-controlled robot, the autonomy
-policy, the scripted operator and the scripted labeller): each has a flag here, false by
-default. Setting one to true while its executable is not installed fails the launch at
-start with a message naming the flag and the missing executable, so the flags can be wired
-in now and the nodes added as they land (table ``CLOSED_LOOP_NODES``).
+**Open loop** (default): ``sim_camera_node`` (uq_sim, ``config/sim_camera.yaml``) plays the
+scripted ``scenario`` and publishes ``image``, ``camera_info`` and ``ground_truth``.
+
+**Closed loop** (``closed_loop:=true``): the grasp task that ``make demo`` runs, as
+launch-managed processes. ``sim_robot_node`` is the robot, its camera and the task judge
+(in place of ``sim_camera_node``, so ``image`` has one publisher); ``reach_policy_node`` is
+the autonomy; ``scripted_operator_node`` is the person at the controls; with
+``ask_for_help`` (the default) ``scripted_labeller_node`` is the person who answers help
+requests (``config/scripted_labeller.yaml``). These nodes, and the stack's detector and
+arbitration node, read ``config/shared_autonomy.yaml`` on top of their own files (the
+stack's ``overlay_params``): the arbitration follows the track the autonomy reaches for, in
+calibrated-score units. ``seed`` and ``lookalike`` draw the first trial (``make demo``
+plays seed 1 with a look-alike); later trials start with a ``reset_task`` message
+(docs/shared_autonomy.md). ``scenario`` and ``rate_hz`` belong to the open loop.
 """
 
 from __future__ import annotations
@@ -20,9 +30,9 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import yaml
-from ament_index_python.packages import PackageNotFoundError, get_package_prefix
 from launch import LaunchContext, LaunchDescription
 from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription, OpaqueFunction
 from launch.launch_description_sources import PythonLaunchDescriptionSource
@@ -32,33 +42,30 @@ from launch_ros.substitutions import FindPackageShare
 
 SHARE = FindPackageShare('uq_bringup')
 SCENARIOS = ('tabletop_demo', 'known_static', 'unknown_static')
-# flag -> (package, executable, what it is). Executable names to be confirmed by the
-# closed-loop and ask-for-help work that delivers them.
+LOOKALIKE = ('yes', 'no', 'random')
+MAX_SEED = 2**31 - 1  # uq_sim.grasp_task.MAX_SEED, the sim robot's seed range
+# The closed loop's own nodes: node (= executable) -> (package, parameter file in
+# config_dir, what it is). Its file's section for the node is applied, then the launch's
+# overrides.
 CLOSED_LOOP_NODES = {
-    'robot': ('uq_sim', 'sim_robot_node', 'velocity-controlled robot in the MuJoCo world'),
-    'autonomy_policy': ('uq_sim', 'autonomy_policy_node',
-                        'autonomy policy publishing autonomy/cmd_vel'),
-    'operator': ('uq_sim', 'scripted_operator_node',
-                 'scripted operator publishing operator/cmd_vel'),
-    'labeller': ('uq_sim', 'scripted_labeller_node',
-                 'scripted labeller answering help requests'),
+    'sim_robot_node': ('uq_sim', 'shared_autonomy.yaml',
+                       'robot, camera and task judge of the grasp task'),
+    'reach_policy_node': ('uq_autonomy', 'shared_autonomy.yaml',
+                          'the autonomy, publishing autonomy/cmd_vel'),
+    'scripted_operator_node': ('uq_sim', 'shared_autonomy.yaml',
+                               'the person at the controls, publishing operator/cmd_vel'),
+    'scripted_labeller_node': ('uq_sim', 'scripted_labeller.yaml',
+                               'the person answering help requests'),
 }
-# Declared here and handed to the stack; the stack's other arguments (backend, model_path,
-# profile, ...) are given on the command line as usual and reach the included file as
-# launch configurations (uq_stack.launch.py --show-args lists them).
+OVERLAY = 'shared_autonomy.yaml'  # the closed loop's parameters of the stack's nodes
+# Handed to the stack; its other arguments (backend, model_path, profile, ...) are given on
+# the command line as usual and reach the included file as launch configurations
+# (uq_stack.launch.py --show-args lists them).
 SHARED_ARGUMENTS = ('namespace', 'image_topic', 'camera_info_topic', 'use_sim_time',
                     'config_dir', 'log_level')
 
 
-def _executable(package: str, executable: str) -> Path | None:
-    try:
-        path = Path(get_package_prefix(package)) / 'lib' / package / executable
-    except PackageNotFoundError:
-        return None
-    return path if path.is_file() else None
-
-
-def _for_any_namespace(path: Path, node: str, overrides: dict) -> Path:
+def _for_any_namespace(path: Path, node: str, overrides: dict[str, Any]) -> Path:
     """The ``node:`` section of a parameter file, with ``overrides``, re-keyed
     ``/**/<node>`` (a ``node:`` key applies only in the root namespace)."""
     data = yaml.safe_load(path.read_text(encoding='utf-8')) or {}
@@ -69,76 +76,141 @@ def _for_any_namespace(path: Path, node: str, overrides: dict) -> Path:
     return Path(name)
 
 
-def _sim_nodes(context: LaunchContext) -> list:
-    namespace = LaunchConfiguration('namespace').perform(context)
-    scenario = LaunchConfiguration('scenario').perform(context)
+def _arg(context: LaunchContext, name: str) -> str:
+    return LaunchConfiguration(name).perform(context).strip()
+
+
+def _flag(context: LaunchContext, name: str) -> bool:
+    value = _arg(context, name).lower()
+    if value not in ('true', 'false'):
+        raise RuntimeError(f"launch argument '{name}' must be true or false, got {value!r}")
+    return value == 'true'
+
+
+def _config_file(config_dir: Path, name: str) -> Path:
+    path = config_dir / name
+    if not path.is_file():
+        raise RuntimeError(f"launch argument 'config_dir': no parameter file {name} in "
+                           f'{str(config_dir)!r}')
+    return path
+
+
+def _open_loop(context: LaunchContext, config_dir: Path,
+               common: dict[str, Any]) -> list[Node]:
+    scenario = _arg(context, 'scenario')
     if scenario not in SCENARIOS:
         raise RuntimeError(f"launch argument 'scenario' must be one of {', '.join(SCENARIOS)}, "
                            f'got {scenario!r}')
     try:
-        rate_hz = float(LaunchConfiguration('rate_hz').perform(context))
+        rate_hz = float(_arg(context, 'rate_hz'))
     except ValueError:
         rate_hz = float('nan')
     if not 0.1 <= rate_hz <= 60.0:
         raise RuntimeError("launch argument 'rate_hz' must be a number in [0.1, 60], got "
-                           f"{LaunchConfiguration('rate_hz').perform(context)!r}")
-    use_sim_time = LaunchConfiguration('use_sim_time').perform(context) == 'true'
-    config = Path(LaunchConfiguration('config_dir').perform(context)) / 'sim_camera.yaml'
-    if not config.is_file():
-        raise RuntimeError(f"launch argument 'config_dir': no parameter file {config.name} in "
-                           f'{str(config.parent)!r}')
-    actions: list = [Node(
+                           f"{_arg(context, 'rate_hz')!r}")
+    return [Node(
         package='uq_sim', executable='sim_camera_node', name='sim_camera_node',
-        namespace=namespace, output='screen', emulate_tty=True,
-        parameters=[_for_any_namespace(config, 'sim_camera_node', {
-            'scenario': scenario, 'rate_hz': rate_hz, 'use_sim_time': use_sim_time})],
-        remappings=[('image', LaunchConfiguration('image_topic').perform(context)),
-                    ('camera_info', LaunchConfiguration('camera_info_topic').perform(context))],
-        ros_arguments=['--log-level', LaunchConfiguration('log_level').perform(context)])]
-    for flag, (package, executable, what) in CLOSED_LOOP_NODES.items():
-        value = LaunchConfiguration(flag).perform(context).lower()
-        if value not in ('true', 'false'):
-            raise RuntimeError(f"launch argument '{flag}' must be true or false, got {value!r}")
-        if value == 'false':
-            continue
-        if _executable(package, executable) is None:
-            raise RuntimeError(f"launch argument '{flag}:=true': {package}/{executable} ({what}) "
-                               'is not installed in this workspace yet')
-        actions.append(Node(package=package, executable=executable, name=executable,
-                            namespace=namespace, output='screen', emulate_tty=True,
-                            parameters=[{'use_sim_time': use_sim_time}]))
+        parameters=[_for_any_namespace(_config_file(config_dir, 'sim_camera.yaml'),
+                                       'sim_camera_node',
+                                       {'scenario': scenario, 'rate_hz': rate_hz,
+                                        **common['overrides']})],
+        remappings=common['camera_remappings'], **common['node'])]
+
+
+def _closed_loop(context: LaunchContext, config_dir: Path,
+                 common: dict[str, Any]) -> list[Node]:
+    try:
+        seed = int(_arg(context, 'seed'))
+    except ValueError:
+        seed = -1
+    if not 0 <= seed <= MAX_SEED:
+        raise RuntimeError(f"launch argument 'seed' must be an integer in [0, {MAX_SEED}], "
+                           f"got {_arg(context, 'seed')!r}")
+    lookalike = _arg(context, 'lookalike')
+    if lookalike not in LOOKALIKE:
+        raise RuntimeError(f"launch argument 'lookalike' must be one of {', '.join(LOOKALIKE)}, "
+                           f'got {lookalike!r}')
+    nodes = dict(CLOSED_LOOP_NODES)
+    if not _flag(context, 'ask_for_help'):
+        del nodes['scripted_labeller_node']  # nobody asks, nobody answers
+    actions = []
+    for node, (package, file_name, _) in nodes.items():
+        overrides = dict(common['overrides'])
+        remappings: list[tuple[str, str]] = []
+        if node == 'sim_robot_node':
+            overrides.update(seed=seed, lookalike=lookalike)
+            remappings = common['camera_remappings']
+        actions.append(Node(
+            package=package, executable=node, name=node,
+            parameters=[_for_any_namespace(_config_file(config_dir, file_name), node,
+                                           overrides)],
+            remappings=remappings, **common['node']))
     return actions
 
 
-def generate_launch_description() -> LaunchDescription:
+def _sim(context: LaunchContext) -> list:
+    """Validate the arguments, then build the simulation nodes and include the stack
+    (nothing starts if validation fails)."""
+    closed_loop = _flag(context, 'closed_loop')
+    config_dir = Path(_arg(context, 'config_dir'))
+    common = {
+        'overrides': {'use_sim_time': _arg(context, 'use_sim_time') == 'true'},
+        'camera_remappings': [('image', _arg(context, 'image_topic')),
+                              ('camera_info', _arg(context, 'camera_info_topic'))],
+        'node': {'namespace': _arg(context, 'namespace'), 'output': 'screen',
+                 'emulate_tty': True,
+                 'ros_arguments': ['--log-level', _arg(context, 'log_level')]},
+    }
+    if closed_loop:
+        actions = _closed_loop(context, config_dir, common)
+        overlay = str(_config_file(config_dir, OVERLAY))
+    else:
+        actions = _open_loop(context, config_dir, common)
+        overlay = ''
     stack = IncludeLaunchDescription(
         PythonLaunchDescriptionSource(PathJoinSubstitution([SHARE, 'launch',
                                                             'uq_stack.launch.py'])),
-        launch_arguments=[(name, LaunchConfiguration(name)) for name in SHARED_ARGUMENTS])
+        launch_arguments=[*((name, LaunchConfiguration(name)) for name in SHARED_ARGUMENTS),
+                          ('overlay_params', overlay)])
+    return [*actions, stack]
+
+
+def generate_launch_description() -> LaunchDescription:
     return LaunchDescription([
         DeclareLaunchArgument('namespace', default_value='',
                               description='ROS namespace of the simulation and the stack.'),
+        DeclareLaunchArgument('closed_loop', default_value='false',
+                              description='true: the grasp task of `make demo` (robot, '
+                                          'autonomy, scripted operator and labeller, '
+                                          'config/shared_autonomy.yaml); false: the sim '
+                                          'camera plays `scenario`.'),
         DeclareLaunchArgument('scenario', default_value='tabletop_demo',
-                              description='Scripted scenario of the sim camera: one of '
-                                          + ', '.join(SCENARIOS) + '.'),
+                              description='Open loop: scripted scenario of the sim camera, '
+                                          'one of ' + ', '.join(SCENARIOS) + '.'),
         DeclareLaunchArgument('rate_hz', default_value='15.0',
-                              description='Frames rendered per second, [0.1, 60].'),
+                              description='Open loop: frames rendered per second, [0.1, 60].'),
+        DeclareLaunchArgument('seed', default_value='1',
+                              description='Closed loop: grasp-task trial drawn at start, '
+                                          f'[0, {MAX_SEED}] (make demo: 1).'),
+        DeclareLaunchArgument('lookalike', default_value='yes',
+                              description='Closed loop: a look-alike of the target in that '
+                                          'trial: ' + ', '.join(LOOKALIKE) + '.'),
+        DeclareLaunchArgument('ask_for_help', default_value='true',
+                              description='true: the ask-for-help node (and, in the closed '
+                                          'loop, the scripted labeller answering it).'),
         DeclareLaunchArgument('image_topic', default_value='image',
-                              description='Image topic between the sim camera and the stack.'),
-        DeclareLaunchArgument('camera_info_topic', default_value='camera_info',
-                              description='CameraInfo topic between the sim camera and the '
+                              description='Image topic between the simulated camera and the '
                                           'stack.'),
+        DeclareLaunchArgument('camera_info_topic', default_value='camera_info',
+                              description='CameraInfo topic between the simulated camera and '
+                                          'the stack.'),
         DeclareLaunchArgument('use_sim_time', default_value='false',
                               description='true: every node follows /clock.'),
         DeclareLaunchArgument('config_dir', default_value=PathJoinSubstitution([SHARE, 'config']),
-                              description='Directory of the parameter files (sim_camera.yaml '
-                                          'and the stack base files).'),
+                              description='Directory of the parameter files (sim_camera.yaml, '
+                                          'shared_autonomy.yaml, scripted_labeller.yaml and '
+                                          'the stack base files).'),
         DeclareLaunchArgument('log_level', default_value='info',
                               description='Logger level of every node.'),
-        *[DeclareLaunchArgument(flag, default_value='false',
-                                description=f'true: also start {package}/{executable} ({what}); '
-                                            'not available yet.')
-          for flag, (package, executable, what) in CLOSED_LOOP_NODES.items()],
-        OpaqueFunction(function=_sim_nodes),
-        stack,
+        OpaqueFunction(function=_sim),
     ])

@@ -24,15 +24,17 @@ Nodes (all in ``namespace``):
 Parameters: for each node, ``config/<name>.yaml`` (the sim profile, the base, required;
 ``detector``, ``arbitration``, ``ask_for_help``), then, with ``profile:=robot``,
 ``config/robot/<name>.yaml`` on top of it if present (only the values a robot changes), then
-the launch arguments (``model_path``, ``backend``, ``use_sim_time`` ...).
+the node's section of ``overlay_params`` if given (``sim.launch.py closed_loop:=true``
+passes ``config/shared_autonomy.yaml``), then the launch arguments (``model_path``,
+``backend``, ``use_sim_time`` ...).
 ``config_dir:=DIR`` reads the base files from another directory. The files may name their
 node ``detector_node``, ``/**`` or ``/**/detector_node``; the merged values are written to
 one parameter file per node whose key matches the node in any namespace.
 
-Bad arguments fail the launch before any process starts, with a message naming the
-argument: an unknown ``backend``, ``profile`` or ``log_level``, a ``model_path`` /
-``gp_path`` / ``dds_profile`` that is not a file, ``backend:=tensorrt`` without an existing
-``engine_path``, a non-boolean flag, a negative ``respawn_delay``.
+Bad arguments fail the launch before any process starts, with a message naming the argument:
+an unknown ``backend``, ``profile`` or ``log_level``, a ``model_path`` / ``gp_path`` /
+``dds_profile`` / ``overlay_params`` that is not a file, ``backend:=tensorrt`` without an
+existing ``engine_path``, a non-boolean flag, a negative ``respawn_delay``.
 """
 
 from __future__ import annotations
@@ -106,6 +108,10 @@ ARGUMENTS = [
         'config_dir', default_value=PathJoinSubstitution([SHARE, 'config']),
         description='Directory of the parameter files: detector.yaml, arbitration.yaml, '
                     'ask_for_help.yaml (the sim profile) and robot/ (the robot profile).'),
+    DeclareLaunchArgument(
+        'overlay_params', default_value='',
+        description='Parameter file applied on top of the profile files to each node it has '
+                    'a section for (e.g. config/shared_autonomy.yaml); empty: none.'),
     DeclareLaunchArgument(
         'use_sim_time', default_value='false',
         description='true: every node follows /clock (bag replay, simulators).'),
@@ -298,9 +304,11 @@ def _stack(context: LaunchContext) -> list:
     dds_profile = _arg(context, 'dds_profile')
     if dds_profile:
         dds_profile = _existing_file(context, 'dds_profile')
+    overlay = [Path(_existing_file(context, 'overlay_params'))] \
+        if _arg(context, 'overlay_params') else []
 
     def params(node: str, overrides: dict[str, Any]) -> list[Path]:
-        return [_parameter_file(node, _profile_files(config_dir, profile, node),
+        return [_parameter_file(node, _profile_files(config_dir, profile, node) + overlay,
                                 {'use_sim_time': use_sim_time, **overrides})]
 
     common: dict[str, Any] = {

@@ -12,7 +12,6 @@ PATH, this module is skipped with that reason. Run it in an environment that has
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -131,6 +130,7 @@ def test_the_stack_file_declares_the_arguments_of_the_issue():
     (['log_level:=loud'], 'log_level'),
     (['autostart:=yes'], 'autostart'),
     (['respawn_delay:=-1'], 'respawn_delay'),
+    (['overlay_params:=/nonexistent/params.yaml'], 'overlay_params'),
 ], ids=lambda v: v if isinstance(v, str) else ' '.join(v))
 def test_bad_arguments_fail_at_start_naming_the_argument(launch, args, argument):
     run = launch('uq_bringup', 'uq_stack.launch.py', 'ask_for_help:=false', *args)
@@ -140,23 +140,16 @@ def test_bad_arguments_fail_at_start_naming_the_argument(launch, args, argument)
     assert 'process started' not in run.output, 'a node started despite the bad argument'
 
 
-def _load_launch_module(name: str):
-    spec = importlib.util.spec_from_file_location(name.replace('.', '_'),
-                                                  WORKSPACE / 'launch' / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_sim_flags_of_missing_nodes_fail_at_start(launch):
-    sim = _load_launch_module('sim.launch.py')
-    missing = [flag for flag, (package, executable, _) in sim.CLOSED_LOOP_NODES.items()
-               if sim._executable(package, executable) is None]
-    if not missing:
-        pytest.skip('every closed-loop node of sim.launch.py is installed')
-    run = launch('uq_bringup', 'sim.launch.py', f'{missing[0]}:=true')
+@pytest.mark.parametrize(('args', 'argument'), [
+    (['closed_loop:=maybe'], 'closed_loop'),
+    (['closed_loop:=true', 'seed:=-3'], 'seed'),
+    (['closed_loop:=true', 'lookalike:=often'], 'lookalike'),
+    (['scenario:=nowhere'], 'scenario'),
+], ids=lambda v: v if isinstance(v, str) else ' '.join(v))
+def test_bad_sim_arguments_fail_at_start_naming_the_argument(launch, args, argument):
+    run = launch('uq_bringup', 'sim.launch.py', 'ask_for_help:=false', *args)
     assert run.finish(timeout_s=60) != 0, run.output
-    assert f"launch argument '{missing[0]}:=true'" in run.output, run.output
+    assert f"launch argument '{argument}'" in run.output, run.output
     assert 'process started' not in run.output
 
 
@@ -220,6 +213,45 @@ def test_sim_launch_publishes_detections_of_the_rendered_scene(launch, tmp_path)
     assert run.output.count('process has finished cleanly') >= 3, run.output
 
 
+@pytest.mark.slow
+def test_sim_closed_loop_runs_the_demo_graph_and_its_trial(launch):
+    import json
+
+    import rclpy
+    from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+    from std_msgs.msg import String
+
+    run = launch('uq_bringup', 'sim.launch.py', 'closed_loop:=true', 'namespace:=loop_test',
+                 'seed:=0', 'lookalike:=no')
+    nodes = {'sim_robot_node', 'reach_policy_node', 'scripted_operator_node',
+             'scripted_labeller_node', 'detector_node', 'arbitration_node', 'ask_for_help_node'}
+    context = rclpy.Context()
+    rclpy.init(context=context, domain_id=DOMAIN_ID)
+    states: list[dict] = []
+    try:
+        node = rclpy.create_node('closed_loop_probe', namespace='loop_test', context=context)
+        node.create_subscription(String, 'task_state', lambda m: states.append(json.loads(m.data)),
+                                 QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE,
+                                            durability=DurabilityPolicy.TRANSIENT_LOCAL))
+        executor = rclpy.executors.SingleThreadedExecutor(context=context)
+        executor.add_node(node)
+        deadline = time.monotonic() + 240.0
+        while time.monotonic() < deadline and not (states and states[-1]['status'] != 'running'):
+            executor.spin_once(timeout_sec=0.2)
+            assert run.process.poll() is None, run.output
+        assert states and states[-1]['status'] == 'success', (states[-1:], run.output[-3000:])
+        present = {name for name, ns in node.get_node_names_and_namespaces()
+                   if ns == '/loop_test'}
+        assert nodes <= present, sorted(nodes - present)
+        # The robot is the only camera: one publisher on image, none of sim_camera_node.
+        assert node.count_publishers('/loop_test/image') == 1
+        assert 'sim_camera_node' not in present
+    finally:
+        context.try_shutdown()
+    assert run.interrupt() == 0, run.output
+    assert run.output.count('process has finished cleanly') >= len(nodes), run.output
+
+
 def test_the_robot_profile_reaches_the_nodes_in_a_namespace(launch):
     import rclpy
     from rcl_interfaces.srv import GetParameters
@@ -230,7 +262,7 @@ def test_the_robot_profile_reaches_the_nodes_in_a_namespace(launch):
     checks = {  # config/robot values that differ from the sim profile and the defaults
         'detector_node': {'torch_threads': 2, 'stale_input_timeout': 1.0},
         'arbitration_node': {'perception_deadline_s': 0.3,
-                             'thresholds.gp_variance.down': [3.7e-4, 3.4e-4, 3.1e-4]},
+                             'thresholds.calibrated_score.down': [0.97, 0.95, 0.92]},
     }
     context = rclpy.Context()
     rclpy.init(context=context, domain_id=DOMAIN_ID)
