@@ -152,7 +152,7 @@ LAPLACE_VARIANTS: dict[Method, LaplaceVariant] = {
 # Timing entry for the NTK-GP variance alone (the cost breakdown).
 _VARIANCE_ONLY = 'ntk_gp_1_variance_only'
 
-# Targets of the NTK-GP (issue 4).
+# Targets of the NTK-GP (docs/benchmarks.md, "The NTK-GP against the targets").
 TARGET_ECE = 0.01
 TARGET_COST_RATIO = 1.1
 
