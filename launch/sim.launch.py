@@ -41,7 +41,8 @@ from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
 SHARE = FindPackageShare('uq_bringup')
-SCENARIOS = ('tabletop_demo', 'known_static', 'unknown_static')
+# uq_sim.scenario.SCENARIO_NAMES (test/test_scenario_lists.py keeps them equal).
+SCENARIOS = ('tabletop_demo', 'known_static', 'unknown_static', 'novel_arrivals', 'novel_pair')
 LOOKALIKE = ('yes', 'no', 'random')
 MAX_SEED = 2**31 - 1  # uq_sim.grasp_task.MAX_SEED, the sim robot's seed range
 # The closed loop's own nodes: node (= executable) -> (package, parameter file in
