@@ -21,6 +21,7 @@ ENTRY_POINT_GROUP = 'uq.commands'
 _GROUP_HELP = {
     'bench': 'benchmarks that print JSON figures',
     'eval': 'evaluate models and recordings',
+    'gp': 'the NTK-GP of any detector: fit and calibrate it on your data',
     'labels': 'the ask-for-help label store',
     'sim': 'simulated world and synthetic data',
 }

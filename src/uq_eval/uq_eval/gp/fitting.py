@@ -322,8 +322,10 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
     gp, candidates = fit_gp(detector.head(), names, detector.model_id,
                             train.features[train_known], train.labels[train_known],
                             val.features[val_known], val.labels[val_known], seed=settings.seed,
-                            log=log)
-    reference = gp.calibrate_score(val.features[val_known], reference_split)
+                            log=log, reference_split=reference_split)
+    reference = gp.score_reference
+    if reference is None:
+        raise RuntimeError('the GP fit left no calibrated-score reference')
     val_variance = gp.gp_variance(val.features[val_known])
     threshold = float(gp.ood_threshold) if gp.ood_threshold is not None else math.inf
     experts = np.bincount(gp.predict(train.features[train_known]).expert_id,

@@ -113,6 +113,7 @@ def check_integer(name: str, value: object, minimum: int, maximum: int | None = 
     a float) in ``[minimum, maximum]``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f'{name} must be an integer, got {value!r}')
+    value = int(value)
     if value < minimum or (maximum is not None and value > maximum):
         bound = f'>= {minimum}' if maximum is None else f'in [{minimum}, {maximum}]'
         raise ValueError(f'{name} must be {bound}, got {value}')
@@ -124,6 +125,10 @@ def check_real(name: str, value: object, minimum: float | None = None, *,
     bool), ``>= minimum`` when given, ``> 0`` when ``positive``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f'{name} must be a number, got {value!r}')
+    try:
+        value = float(value)
+    except OverflowError:  # an int too large for a float
+        value = math.inf
     if not math.isfinite(value):
         raise ValueError(f'{name} must be finite, got {value}')
     if minimum is not None and value < minimum:
