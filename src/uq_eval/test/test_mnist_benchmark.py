@@ -27,8 +27,10 @@ from uq_eval.mnist.pipeline import (
     LAPLACE_VARIANTS,
     METHOD_LABELS,
     BenchmarkConfig,
+    BenchmarkResult,
     Method,
     fit_temperature,
+    one_standard_error_choice,
 )
 
 
@@ -196,6 +198,8 @@ def test_config_validation() -> None:
         BenchmarkConfig(ood_quantile=1.0)
     with pytest.raises(ValueError, match='epochs'):
         BenchmarkConfig(epochs=0)
+    with pytest.raises(ValueError, match='feature_alpha'):
+        BenchmarkConfig(feature_alpha=math.nan)
 
 
 # --------------------------------------------------------------------------- end to end
@@ -273,12 +277,22 @@ def test_quick_benchmark_produces_every_method_and_metric(
     assert summary['data']['test_images'] == 500
     assert all(summary['data']['ood_images'][n] == 500 for n in OOD_SETS)
     norm = methods[Method.NTK_GP_NORM.value]
-    # The feature map and its experts are the evidence's best among the candidates tried.
+    # The exponent is fixed; the scale and the experts are the evidence's best.
     candidates = summary['feature_map_selection']
     best = max(candidates, key=lambda c: c['log_evidence'])
-    assert len(candidates) == 3 * 1 * 2
-    assert (norm['feature_map']['alpha'], norm['hyperparameters']['num_experts']) == (
-        best['alpha'], best['num_experts'])
+    assert len(candidates) == 1 * 1 * 2 and {c['alpha'] for c in candidates} == {2.0}
+    assert (norm['feature_map']['alpha'], norm['feature_map']['scale'],
+            norm['hyperparameters']['num_experts']) == (2.0, best['scale'], best['num_experts'])
+    # The other exponents' evidence is reported at the chosen scale and experts.
+    evidence = {e['alpha']: e['log_evidence'] for e in summary['feature_alpha_evidence']}
+    assert set(evidence) == {0.0, 1.0, 2.0} and evidence[2.0] == best['log_evidence']
+    # The M>1 row: the smallest count within one standard error of the best validation NLL.
+    multi = [s for s in summary['expert_selection'] if s['num_experts'] > 1]
+    chosen = [s['num_experts'] for s in multi if s['chosen']]
+    assert chosen == [methods[Method.NTK_GP_M.value]['hyperparameters']['num_experts']]
+    best_nll = min(s['validation_nll'] for s in multi)
+    assert all(s['validation_nll'] - best_nll > s['standard_error_to_best']
+               for s in multi if s['num_experts'] < chosen[0])
     assert set(summary['targets']) == {'best_baseline_ood_auroc', 'ntk_gp_1', 'ntk_gp_m',
                                        'ntk_gp_norm'}
     assert list(summary['targets']['best_baseline_ood_auroc']) == ood_names
@@ -291,3 +305,88 @@ def test_quick_benchmark_produces_every_method_and_metric(
     assert METHOD_LABELS[Method.ENSEMBLE] in markdown
     for plot in ('reliability.png', 'histograms.png'):
         assert (out / plot).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+# --------------------------------------------------------------------------- selection rules
+
+
+def test_one_standard_error_rule_takes_the_simplest_candidate_the_data_cannot_tell_apart(
+        ) -> None:
+    rng = np.random.default_rng(0)
+    base = rng.exponential(0.05, 2000)
+    noise = rng.normal(0.0, 0.01, 2000)
+    # 8 is best by a hair, 2 and 4 are within one standard error of it: 2 is chosen.
+    close = {2: base + 0.0002 + noise, 4: base + 0.0001 - noise, 8: base}
+    choice, errors = one_standard_error_choice(close)
+    assert choice == 2 and errors[8] == 0.0 and errors[2] > 0.0002
+    # 2 is clearly worse (a shift of ten standard errors): the next simplest, 4, is chosen.
+    far = {2: base + 0.01 + noise, 4: base + 0.0001 - noise, 8: base}
+    assert one_standard_error_choice(far)[0] == 4
+    # The order of the mapping does not matter, only the candidates' values.
+    assert one_standard_error_choice(dict(reversed(list(far.items()))))[0] == 4
+    with pytest.raises(ValueError, match='no candidates'):
+        one_standard_error_choice({})
+    with pytest.raises(ValueError, match='N >= 2'):
+        one_standard_error_choice({2: base, 4: base[:10]})
+
+
+def test_bench_mnist_arguments_seeds_threads_and_the_old_seed_spelling() -> None:
+    import argparse
+
+    from uq_eval.mnist.benchmark import configure
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    args = parser.parse_args([])
+    assert (args.seeds, args.threads) == ([0], [1])
+    args = parser.parse_args(['--seeds', '0', '1', '2', '--threads', '1', '2'])
+    assert (args.seeds, args.threads) == ([0, 1, 2], [1, 2])
+    assert parser.parse_args(['--seed', '3']).seeds == [3]
+    for bad in (['--threads', '0'], ['--seeds', '-1'], ['--seeds']):
+        with pytest.raises(SystemExit):
+            parser.parse_args(bad)
+
+
+@pytest.mark.slow
+def test_seed_study_runs_every_pair_and_reports_mean_and_worst_case(
+        tmp_path: Path, one_thread: None) -> None:
+    from uq_eval.mnist.seed_study import run_directory, run_seed_study
+
+    def write_summary(result: BenchmarkResult, directory: Path) -> None:
+        # The summary alone: the full report (plots) is the quick benchmark test's subject.
+        directory.mkdir(parents=True)
+        (directory / 'results.json').write_text(json.dumps(result.summary))
+
+    _write_synthetic(tmp_path / 'data', n_train=700, n_test=200)
+    data = load_benchmark_data(tmp_path / 'data')
+    config = BenchmarkConfig(epochs=1, batch_size=64, validation_size=200, train_size=400,
+                             test_size=100, ood_size=100, expert_candidates=(2,),
+                             feature_expert_counts=(1, 2), laplace=False, timing_batch=32,
+                             timing_rounds=1, timing_warmup=0, progress=False)
+    out = tmp_path / 'study'
+    lines: list[str] = []
+    study = run_seed_study(data, config, [0, 1], [1, 2], out, write_summary,
+                           torch.set_num_threads, log=lines.append)
+    rows = study['rows']
+    assert [(r['seed'], r['threads']) for r in rows] == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    assert len(lines) == 4
+    for row in rows:
+        report = json.loads((run_directory(out, row['seed'], row['threads'])
+                             / 'results.json').read_text())
+        ntk = report['methods'][Method.NTK_GP_NORM.value]
+        assert row['ntk_gp_auroc'] == {n: v['auroc'] for n, v in ntk['ood'].items()}
+        assert row['feature_map']['alpha'] == 2.0
+        for name in OOD_SETS:
+            assert row['margin'][name] == pytest.approx(
+                row['ntk_gp_auroc'][name] - row['ensemble_auroc'][name])
+    summary = study['summary']
+    for name in OOD_SETS:
+        values = [r['ntk_gp_auroc'][name] for r in rows]
+        assert summary['ntk_gp_auroc'][name] == {'mean': pytest.approx(np.mean(values)),
+                                                 'worst': min(values)}
+        assert summary['ntk_gp_at_least_ensemble_every_run'][name] == (
+            min(r['margin'][name] for r in rows) >= 0.0)
+    assert summary['ntk_gp_cost_ratio']['worst'] == max(r['ntk_gp_cost_ratio'] for r in rows)
+    assert json.loads((out / 'seed_study.json').read_text()) == study
+    markdown = (out / 'seed_study.md').read_text()
+    assert markdown.count('\n| 0 | ') == 2 and '| **worst** |' in markdown

@@ -6,7 +6,8 @@ last-layer NTK-GP (M=1 and M>1 experts) and, where laplace-torch is installed, i
 Laplace on accuracy, NLL, Brier, ECE, OOD AUROC/AUPR, misclassification AUROC and inference
 cost. Writes ``results.json``, ``results.md``,
 ``reliability.png`` and ``histograms.png`` to ``--out``. See
-:mod:`uq_eval.mnist.pipeline` for the protocol.
+:mod:`uq_eval.mnist.pipeline` for the protocol. Given several seeds or thread counts, it runs
+every pair and writes the study across them (:mod:`uq_eval.mnist.seed_study`).
 
 This module only parses arguments; torch and the pipeline are imported when the command
 runs, so ``uq --help`` stays fast.
@@ -41,8 +42,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              '(repeatable): 28x28 grayscale images as an unsigned-byte IDX '
                              'file (gzipped or not) or an .npz archive (one array, or the one '
                              "named 'images'), uint8 0..255 or float in [0, 1]")
-    parser.add_argument('--seed', type=non_negative_int, default=0, help='base random seed')
-    parser.add_argument('--threads', type=positive_int, default=2, help='torch intra-op threads')
+    parser.add_argument('--seeds', '--seed', dest='seeds', type=non_negative_int, nargs='+',
+                        default=[0], metavar='SEED',
+                        help='base random seed; several: one run per seed (and per --threads '
+                             'value), each report in OUT/seed<S>-threads<T>/, and the study '
+                             'across them in OUT/seed_study.md and .json (mean and worst '
+                             'case)')
+    parser.add_argument('--threads', type=positive_int, nargs='+', default=[1],
+                        metavar='N',
+                        help='torch intra-op threads (default 1, as for the figures in '
+                             'docs/benchmarks.md); several: one run per value')
     parser.add_argument('--no-progress', action='store_true',
                         help='no progress bars or phase messages')
     parser.set_defaults(run=run)
@@ -50,9 +59,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark and write the report; returns the exit code."""
-    if args.threads < 1:
-        print(f'uq bench mnist: --threads must be >= 1, got {args.threads}', file=sys.stderr)
-        return 2
     import dataclasses
 
     import torch
@@ -68,10 +74,9 @@ def run(args: argparse.Namespace) -> int:
     from uq_eval.mnist.pipeline import IN_DISTRIBUTION, BenchmarkConfig, run_benchmark
     from uq_eval.mnist.report import results_markdown, write_report
 
-    torch.set_num_threads(args.threads)
     progress = not args.no_progress
-    config = (BenchmarkConfig.quick(seed=args.seed, progress=progress) if args.quick
-              else BenchmarkConfig(seed=args.seed, progress=progress))
+    config = (BenchmarkConfig.quick(seed=args.seeds[0], progress=progress) if args.quick
+              else BenchmarkConfig(seed=args.seeds[0], progress=progress))
     try:
         if args.epochs is not None:
             config = dataclasses.replace(config, epochs=args.epochs)
@@ -88,6 +93,16 @@ def run(args: argparse.Namespace) -> int:
     if laplace_version() is None:
         print(f'uq bench mnist: laplace-torch rows skipped (laplace is not importable); '
               f'{LAPLACE_INSTALL_HINT}', file=sys.stderr)
+    if len(args.seeds) * len(args.threads) > 1:
+        from uq_eval.mnist.seed_study import run_seed_study, study_markdown
+
+        study = run_seed_study(data, config, args.seeds, args.threads, args.out, write_report,
+                               torch.set_num_threads,
+                               log=lambda line: print(line, file=sys.stderr, flush=True))
+        print(study_markdown(study['rows'], study['summary']))
+        print(f"wrote {args.out / 'seed_study.md'}, {args.out / 'seed_study.json'}")
+        return 0
+    torch.set_num_threads(args.threads[0])
     result = run_benchmark(data, config)
     paths = write_report(result, args.out)
     print(results_markdown(result.summary))

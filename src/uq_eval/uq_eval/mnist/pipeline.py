@@ -25,6 +25,22 @@ lambda, the number of GP experts, the OOD threshold, the Laplace prior precision
 on the MNIST validation split; the test and unknown sets are only evaluated. The unknown sets
 are the built-in ones and any added with ``uq bench mnist --ood``.
 
+Two choices are made by rules that hold from one training run to the next:
+
+* **The norm-aware map's exponent is fixed at alpha = 2**, the inversion of the feature
+  space in the sphere of the typical training norm (``uq_perception.ntk.feature_map``):
+  ``phi' ~ phi / |phi|^2`` keeps every direction and sends features towards the origin
+  out to infinity. The network's features are rectified (``phi >= 0``), so an image that
+  excites none of its learnt detectors lands at the origin, and the inversion makes that
+  the point furthest from all training data, the most uncertain one. The GP's log
+  evidence on the training features still picks the scale and the number of experts; its
+  preference between exponents flips with the network's training noise (its values for
+  alpha = 0, 1 and 2 are reported beside the choice, ``feature_alpha_evidence``).
+* **The number of experts of the ``M>1`` row by the one-standard-error rule**: the
+  smallest count whose validation NLL is within one standard error (of the per-image
+  difference) of the best count's, since counts whose NLLs differ by less are not told
+  apart by the validation data.
+
 Each method is a *stage* (network computation from images, shared between methods that
 need the same one) and a *post-processing* function. Evaluation runs each stage once per
 dataset and post-processes the cached outputs; the cost measurement runs stage and
@@ -91,6 +107,10 @@ __all__ = [
 IN_DISTRIBUTION = 'MNIST'
 CLASS_NAMES = [str(d) for d in range(10)]
 ENSEMBLE_SIZE = 5
+# The norm-aware map's exponent (the module docstring) and the exponents whose evidence is
+# reported beside it.
+INVERSION_ALPHA = 2.0
+EVIDENCE_DIAGNOSTIC_ALPHAS = (0.0, 1.0, 2.0)
 
 
 class Method(str, Enum):
@@ -176,12 +196,16 @@ class BenchmarkConfig:
     test_size, ood_size : int or None
         Evaluation images per set (None: the whole set).
     expert_candidates : tuple of int
-        Numbers of k-means GP experts (> 1) among which validation NLL chooses.
+        Numbers of k-means GP experts (> 1) among which the validation NLL chooses (the
+        one-standard-error rule).
     ood_quantile : float
         Quantile of the validation GP variances used as the NTK-GP's OOD flag threshold.
-    feature_alphas, feature_scales, feature_expert_counts : tuple
-        Grid of the norm-aware feature map (``uq_perception.ntk.feature_map``) and numbers of
-        experts among which the GP's log evidence on the training features chooses.
+    feature_alpha : float
+        Exponent of the norm-aware feature map (``uq_perception.ntk.feature_map``); the
+        inversion, 2, by default (the module docstring).
+    feature_scales, feature_expert_counts : tuple
+        Scales of the norm-aware map and numbers of experts among which the GP's log
+        evidence on the training features chooses.
     laplace : bool
         Run the laplace-torch peer baselines when the library can be imported.
     timing_batch : int
@@ -205,7 +229,7 @@ class BenchmarkConfig:
     ood_size: int | None = None
     expert_candidates: tuple[int, ...] = (2, 4, 8, 16)
     ood_quantile: float = 0.95
-    feature_alphas: tuple[float, ...] = (0.0, 1.0, 2.0)
+    feature_alpha: float = INVERSION_ALPHA
     feature_scales: tuple[float, ...] = (3.0,)
     feature_expert_counts: tuple[int, ...] = (1, 16, 64)
     laplace: bool = True
@@ -229,10 +253,12 @@ class BenchmarkConfig:
         if not self.expert_candidates or min(self.expert_candidates) < 2:
             raise ValueError('expert_candidates must be a non-empty tuple of counts >= 2, got '
                              f'{self.expert_candidates}')
-        if not (self.feature_alphas and self.feature_scales and self.feature_expert_counts) \
+        if not (self.feature_scales and self.feature_expert_counts) \
                 or min(self.feature_scales) <= 0 or min(self.feature_expert_counts) < 1:
-            raise ValueError('feature_alphas, feature_scales (> 0) and feature_expert_counts '
-                             '(>= 1) must be non-empty')
+            raise ValueError('feature_scales (> 0) and feature_expert_counts (>= 1) must be '
+                             'non-empty')
+        if not math.isfinite(self.feature_alpha):
+            raise ValueError(f'feature_alpha must be finite, got {self.feature_alpha}')
         if not 0.0 < self.ood_quantile < 1.0:
             raise ValueError(f'ood_quantile must be in (0, 1), got {self.ood_quantile}')
 
@@ -331,6 +357,51 @@ def fit_temperature(logits: NDArray[Any], labels: NDArray[Any]) -> float:
     result = minimize_scalar(nll, bounds=(-4.0, 4.0), method='bounded',
                              options={'xatol': 1e-4})
     return float(math.exp(result.x))
+
+
+def one_standard_error_choice(per_image_nll: Mapping[int, NDArray[Any]]
+                              ) -> tuple[int, dict[int, float]]:
+    """The smallest candidate whose mean NLL is within one standard error of the best's.
+
+    Parameters
+    ----------
+    per_image_nll : mapping of int to ndarray, shape (N,)
+        Per candidate (e.g. a number of experts; smaller is simpler), the NLL of each
+        validation image, the same images for every candidate.
+
+    Returns
+    -------
+    choice : int
+        The chosen candidate.
+    standard_errors : dict
+        Per candidate, the standard error of its mean per-image NLL difference to the best
+        candidate (0 for the best itself).
+
+    Raises
+    ------
+    ValueError
+        If there is no candidate, the arrays differ in shape or hold fewer than 2 images.
+    """
+    if not per_image_nll:
+        raise ValueError('no candidates to choose from')
+    arrays = {k: np.asarray(v, dtype=np.float64) for k, v in per_image_nll.items()}
+    shapes = {a.shape for a in arrays.values()}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 1 or next(iter(shapes))[0] < 2:
+        raise ValueError(f'need one (N,) NLL array per candidate with N >= 2, got {shapes}')
+    best = min(sorted(arrays), key=lambda k: float(arrays[k].mean()))
+    errors = {}
+    for k in sorted(arrays):
+        difference = arrays[k] - arrays[best]
+        errors[k] = float(difference.std(ddof=1) / math.sqrt(difference.size))
+    choice = next(k for k in sorted(arrays)
+                  if float((arrays[k] - arrays[best]).mean()) <= errors[k])
+    return choice, errors
+
+
+def _per_image_nll(probabilities: NDArray[Any], labels: NDArray[Any]) -> NDArray[np.float64]:
+    """``-log p(true class)`` per image, floored as :func:`uq_perception.metrics.nll` does."""
+    picked = np.asarray(probabilities, dtype=np.float64)[np.arange(len(labels)), labels]
+    return -np.log(np.maximum(picked, 1e-12))
 
 
 def _subset(count: int, size: int | None, rng: np.random.Generator) -> NDArray[np.int64]:
@@ -643,31 +714,30 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
     b = base_model.head.bias.detach().numpy()
     y_train_np = y_train.numpy()
 
-    def fit_gp(num_experts: int) -> tuple[LastLayerNTKGP, float]:
+    def fit_gp(num_experts: int) -> tuple[LastLayerNTKGP, NDArray[np.float64]]:
         gp = LastLayerNTKGP(w, b, NTKGPConfig(num_experts=num_experts, gating=Gating.KMEANS,
                                               ood_quantile=config.ood_quantile,
                                               seed=config.seed),
                             class_names=CLASS_NAMES, model_id=f'mnist-cnn-seed{config.seed}')
         gp.fit(train_features, y_train_np)
         gp.calibrate_probabilities(val_features, y_val, val_logits)
-        val_nll = metrics.nll(gp.predict(val_features, val_logits).probabilities, y_val)
-        return gp, val_nll
+        return gp, _per_image_nll(gp.predict(val_features, val_logits).probabilities, y_val)
 
     gp_single, gp_single_nll = fit_gp(1)
-    selection: list[dict[str, float]] = [{'num_experts': 1, 'validation_nll': gp_single_nll}]
-    gp_multi: LastLayerNTKGP | None = None
-    best_nll = math.inf
-    for m in config.expert_candidates:
-        gp, val_nll = fit_gp(m)
-        selection.append({'num_experts': m, 'validation_nll': val_nll})
-        # Strictly smaller: ties keep the smaller (cheaper, better-determined) mixture.
-        if val_nll < best_nll:
-            gp_multi, best_nll = gp, val_nll
-    assert gp_multi is not None  # expert_candidates is non-empty (checked in the config)
+    multi = {m: fit_gp(m) for m in config.expert_candidates}
+    chosen_experts, standard_errors = one_standard_error_choice(
+        {m: nll for m, (_, nll) in multi.items()})
+    gp_multi = multi[chosen_experts][0]
+    selection: list[dict[str, Any]] = [
+        {'num_experts': 1, 'validation_nll': float(gp_single_nll.mean())}]
+    selection += [{'num_experts': m, 'validation_nll': float(nll.mean()),
+                   'standard_error_to_best': standard_errors[m],
+                   'chosen': m == chosen_experts} for m, (_, nll) in multi.items()]
 
-    # Norm-aware features: the map and the number of experts by the GP's log evidence on
-    # the training features (the validation split then calibrates lambda and T only).
-    _log(config, 'choosing the norm-aware feature map by the evidence')
+    # Norm-aware features: the exponent fixed (the module docstring); the scale and the
+    # number of experts by the GP's log evidence on the training features (the validation
+    # split then calibrates lambda and T only).
+    _log(config, 'choosing the norm-aware feature map\'s scale and experts by the evidence')
 
     def evidence_of(mapped: NDArray[Any], num_experts: int) -> float:
         gp = LastLayerNTKGP(w, b, NTKGPConfig(num_experts=num_experts, gating=Gating.KMEANS,
@@ -678,8 +748,18 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
         return sum(gp.log_marginal_likelihood(e) for e in range(gp.num_experts))
 
     feature_map, norm_experts, map_candidates = select_feature_map(
-        train_features, evidence_of, config.feature_alphas, config.feature_scales,
+        train_features, evidence_of, (config.feature_alpha,), config.feature_scales,
         config.feature_expert_counts)
+    # What the evidence says of the other exponents at the chosen scale and experts.
+    alpha_evidence = []
+    for alpha in sorted({*EVIDENCE_DIAGNOSTIC_ALPHAS, feature_map.alpha}):
+        if alpha == feature_map.alpha:
+            evidence = next(c.log_evidence for c in map_candidates
+                            if c.scale == feature_map.scale and c.num_experts == norm_experts)
+        else:
+            other = NormFeatureMap.fitted(train_features, alpha, feature_map.scale)
+            evidence = float(evidence_of(other(train_features), norm_experts))
+        alpha_evidence.append({'alpha': alpha, 'log_evidence': evidence})
     gp_norm = LastLayerNTKGP(w, b, NTKGPConfig(num_experts=norm_experts, gating=Gating.KMEANS,
                                                ood_quantile=config.ood_quantile,
                                                seed=config.seed),
@@ -830,6 +910,7 @@ def run_benchmark(data: MnistBenchmarkData, config: BenchmarkConfig) -> Benchmar
         'validation_accuracy': metrics.accuracy(val_logits, y_val),
         'expert_selection': selection,
         'feature_map_selection': [dataclasses.asdict(c) for c in map_candidates],
+        'feature_alpha_evidence': alpha_evidence,
         'ntk_gp_variance_only_cost_ratio': (timings.cpu_median[_VARIANCE_ONLY]
                                             / timings.cpu_median['forward']),
         'diagnostics': _diagnostics(features, predictions, ood_names),

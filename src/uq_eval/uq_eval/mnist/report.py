@@ -123,9 +123,18 @@ def _hyperparameter_text(summary: Mapping[str, Any]) -> str:
             edge = ' (at the edge of the grid)' if lap['prior_precision_at_grid_edge'] else ''
             lines.append(f"- {r['label']}: prior precision = {lap['prior_precision']:.4g}"
                          f"{edge}, by {lap['prior_precision_search']}")
-    selection = ', '.join(f"M={s['num_experts']}: {s['validation_nll']:.4f}"
-                          for s in summary['expert_selection'])
-    lines.append(f'- Validation NLL per number of experts: {selection}')
+    selection = ', '.join(
+        f"M={s['num_experts']}: {s['validation_nll']:.5f}"
+        + (f" (+- {s['standard_error_to_best']:.5f}{', chosen' if s['chosen'] else ''})"
+           if 'chosen' in s else '')
+        for s in summary['expert_selection'])
+    lines.append(f'- Validation NLL per number of experts (M>1 row: the smallest M within one '
+                 f'standard error of the best): {selection}')
+    evidence = ', '.join(f"alpha={e['alpha']:g}: {e['log_evidence']:.0f}"
+                         for e in summary['feature_alpha_evidence'])
+    lines.append(f'- Norm-aware map: alpha fixed at '
+                 f"{summary['config']['feature_alpha']:g}; log evidence of each alpha at the "
+                 f'chosen scale and experts (not a choice): {evidence}')
     return '\n'.join(lines) + '\n'
 
 
