@@ -186,7 +186,7 @@ def _plot_timeline(timeline: dict, path: Path) -> None:
     t = [s.t - t0 for s in samples]
     fig, axes = plt.subplots(4, 1, figsize=(8, 7), sharex=True)
     axes[0].plot(t, [s.uncertainty for s in samples], color='tab:red')
-    axes[0].set_ylabel('GP variance\n(target class)')
+    axes[0].set_ylabel('calibrated score\n(autonomy target)')
     axes[1].step(t, [s.level for s in samples], where='post')
     axes[1].set_ylabel('level')
     axes[1].set_yticks([0, 1, 2, 3])
