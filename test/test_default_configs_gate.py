@@ -215,5 +215,6 @@ def test_the_shipped_configs_hand_back_on_unknown_objects_and_assist_on_known_on
     fresh = [s for _, s in _levels(observer, start) if not s.perception_stale]
     assert fresh and all(s.uncertainty_signal == 'calibrated_score' for s in fresh)
     print(f'{profile} unknown_static: teleoperation {handed_back - start:.2f} s after the '
-          f'first detections ({fresh[-1].reason!r}), held {HOLD_S:g} s')
+          f'first detections, held {HOLD_S:g} s; most uncertain detection: calibrated_score '
+          f'{fresh[-1].uncertainty:.4g}')
     assert processes.stop('sim_camera_node') == 0
