@@ -14,7 +14,7 @@ import torch
 pytest.importorskip('onnx', reason='onnx is part of the CPU install (requirements/app.in)')
 pytest.importorskip('onnxruntime', reason='onnxruntime is part of the CPU install')
 
-from uq_perception import onnx_export  # noqa: E402 - after the skips
+from uq_perception import onnx_export, onnx_runtime  # noqa: E402 - after the skips
 from uq_perception.backends import (  # noqa: E402
     BackendKind,
     OnnxRuntimeBackend,
@@ -112,11 +112,13 @@ def test_export_is_cached_by_model_and_rebuilt_when_corrupt_or_stale(tmp_path):
 
 
 def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):
-    monkeypatch.delenv(onnx_export.CACHE_VARIABLE, raising=False)
+    monkeypatch.delenv(onnx_runtime.CACHE_VARIABLE, raising=False)
     monkeypatch.setenv('ROS_HOME', str(tmp_path / 'ros'))
-    assert onnx_export.default_cache_dir() == tmp_path / 'ros' / 'uq_perception'
-    monkeypatch.setenv(onnx_export.CACHE_VARIABLE, str(tmp_path / 'cache'))
-    assert onnx_export.default_cache_dir() == tmp_path / 'cache'
+    assert onnx_runtime.default_cache_dir() == tmp_path / 'ros' / 'uq_perception'
+    monkeypatch.setenv(onnx_runtime.CACHE_VARIABLE, str(tmp_path / 'cache'))
+    assert onnx_runtime.default_cache_dir() == tmp_path / 'cache'
+    model = _tiny(0)
+    assert onnx_export.cached_path(model).parent == tmp_path / 'cache' / 'onnx'
 
 
 def test_gp_variance_is_part_of_the_check(tmp_path):

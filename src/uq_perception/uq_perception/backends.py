@@ -390,7 +390,7 @@ class OnnxRuntimeBackend(InferenceBackend):
     threads
         Intra-op CPU threads.
     cache_dir
-        Cache folder of the export (default :func:`uq_perception.onnx_export.default_cache_dir`).
+        Cache folder of the export (default :func:`uq_perception.onnx_runtime.default_cache_dir`).
     gp
         The NTK-GP the detections will be queried with: the check then also compares the GP
         variance of the export's embeddings with the torch model's.

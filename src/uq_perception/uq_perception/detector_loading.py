@@ -48,7 +48,8 @@ class RuntimeSettings:
     onnx_provider, onnx_threads
         ONNX Runtime execution provider and intra-op threads.
     onnx_cache_dir
-        Cache folder of the shipped model's ONNX export (``None``: the default).
+        Cache folder of the shipped model's ONNX export and of ONNX Runtime's TensorRT
+        engines (``None``: :func:`~uq_perception.onnx_runtime.default_cache_dir`).
     """
 
     backend: BackendKind = BackendKind.ONNXRUNTIME
@@ -138,7 +139,7 @@ def load_model(model_format: ModelFormat | str, model_path: str | Path,
                              f'{runtime.backend.value} (choose its device with onnx_provider)')
         return LoadedModel(model_format, OnnxDetector(
             model_path, adapter or OnnxAdapterConfig(), runtime.onnx_provider,
-            runtime.onnx_threads))
+            runtime.onnx_threads, runtime.onnx_cache_dir))
     from uq_perception.detector import load_detector
 
     return LoadedModel(model_format, load_detector(model_path))

@@ -734,6 +734,9 @@ class OnnxDetector(DetectorContract):
         Layout, tap and pre/post-processing settings.
     provider, threads
         ONNX Runtime execution provider and intra-op threads.
+    cache_dir
+        Cache folder of the TensorRT provider's engines (default
+        :func:`~uq_perception.onnx_runtime.default_cache_dir`).
 
     Raises
     ------
@@ -746,7 +749,7 @@ class OnnxDetector(DetectorContract):
 
     def __init__(self, path: str | Path, config: OnnxAdapterConfig = OnnxAdapterConfig(),
                  provider: ExecutionProvider | str = ExecutionProvider.CPU,
-                 threads: int = 1) -> None:
+                 threads: int = 1, cache_dir: str | Path | None = None) -> None:
         import onnx
 
         path = Path(path)
@@ -759,7 +762,7 @@ class OnnxDetector(DetectorContract):
                              f'{exc})') from exc
         self.path = path
         self.config = config
-        base = OnnxRunner(path, provider, threads)
+        base = OnnxRunner(path, provider, threads, cache_dir)
         if len(base.input_names) != 1:
             raise ValueError(f'{path}: the model must have one image input, it has '
                              f'{base.input_names}')
@@ -776,7 +779,7 @@ class OnnxDetector(DetectorContract):
         probe = self._probe_input()
 
         def factory(model: bytes) -> OnnxRunner:
-            return OnnxRunner(model, provider, threads)
+            return OnnxRunner(model, provider, threads, cache_dir)
 
         self.tap = find_feature_tap(proto, factory, probe, self._input_name, config)
         # The session of every frame returns the model's box/class outputs and the taps.

@@ -2,11 +2,11 @@
 
 The ``onnxruntime`` backend (``uq_perception.backends``) runs the CenterNet network on ONNX
 Runtime. Its ONNX file is exported from the loaded torch model on first start
-(``torch.onnx.export``, the ``torch.export``-based exporter) and cached under
-:func:`default_cache_dir`, one file per model id and weight digest. The graph takes the
-resized uint8 image and returns the top-K candidates packed as the torch backends pack
-them (``scores, boxes, embeddings, logits``), so the numpy decode and the GP query are
-shared.
+(``torch.onnx.export``, the ``torch.export``-based exporter) and cached in the ``onnx``
+folder of :func:`~uq_perception.onnx_runtime.default_cache_dir`, one file per model id,
+named by the model id and weight digest. The graph takes the resized uint8 image and
+returns the top-K candidates packed as the torch backends pack them (``scores, boxes,
+embeddings, logits``), so the numpy decode and the GP query are shared.
 
 Every start checks the file before it is used:
 
@@ -38,6 +38,7 @@ from uq_perception.onnx_runtime import (
     ExecutionProvider,
     OnnxRunner,
     OnnxRuntimeUnavailableError,
+    default_cache_dir,
     import_onnxruntime,
 )
 
@@ -58,8 +59,6 @@ OUTPUT_NAME = 'candidates'
 OUTPUT_TOLERANCE = 1e-4
 #: Largest relative difference of the GP variance of the candidates' embeddings.
 GP_VARIANCE_TOLERANCE = 1e-4
-#: Environment variable naming the cache folder (overrides the ROS home).
-CACHE_VARIABLE = 'UQ_CACHE_DIR'
 _METADATA_KEY = 'uq_perception'
 
 
@@ -99,17 +98,6 @@ class Agreement:
         gp = ('no GP given' if self.gp_variance_difference is None else
               f'GP variance {self.gp_variance_difference:.2e} (limit {GP_VARIANCE_TOLERANCE:g})')
         return f'outputs {self.output_difference:.2e} (limit {OUTPUT_TOLERANCE:g}), {gp}'
-
-
-def default_cache_dir() -> Path:
-    """Where built ONNX files are cached: ``$UQ_CACHE_DIR``, else ``$ROS_HOME/uq_perception``,
-    else ``~/.ros/uq_perception`` (ROS's own default home)."""
-    override = os.environ.get(CACHE_VARIABLE)
-    if override:
-        return Path(override).expanduser()
-    ros_home = os.environ.get('ROS_HOME')
-    base = Path(ros_home).expanduser() if ros_home else Path.home() / '.ros'
-    return base / 'uq_perception'
 
 
 def export_metadata(model: CenterNetDetector) -> dict[str, Any]:
@@ -383,5 +371,6 @@ def prepare_onnx(model: CenterNetDetector, provider: ExecutionProvider | str = '
 
 def _open_checked(path: Path, model: CenterNetDetector, provider: ExecutionProvider | str,
                   threads: int, gp: LastLayerNTKGP | None) -> tuple[OnnxRunner, Agreement]:
-    runner = OnnxRunner(path, provider, threads)
+    # The file lies in <cache>/onnx: TensorRT engines go beside it, in <cache>/tensorrt.
+    runner = OnnxRunner(path, provider, threads, cache_dir=path.parent.parent)
     return runner, measure_agreement(model, runner, gp)

@@ -10,6 +10,7 @@ clear error line (:class:`OnnxRuntimeUnavailableError`), never a silent CPU fall
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,22 @@ PROVIDER_NAMES = {
 MAX_THREADS = 64
 
 
+#: Environment variable naming the cache folder of built artefacts (overrides the ROS home).
+CACHE_VARIABLE = 'UQ_CACHE_DIR'
+
+
+def default_cache_dir() -> Path:
+    """Where built artefacts (ONNX exports, TensorRT engines of ONNX Runtime) are cached:
+    ``$UQ_CACHE_DIR``, else ``$ROS_HOME/uq_perception``, else ``~/.ros/uq_perception``
+    (ROS's own default home)."""
+    override = os.environ.get(CACHE_VARIABLE)
+    if override:
+        return Path(override).expanduser()
+    ros_home = os.environ.get('ROS_HOME')
+    base = Path(ros_home).expanduser() if ros_home else Path.home() / '.ros'
+    return base / 'uq_perception'
+
+
 class OnnxRuntimeUnavailableError(RuntimeError):
     """ONNX Runtime, or the requested execution provider, cannot run here (one line why)."""
 
@@ -62,16 +79,16 @@ def parse_provider(provider: ExecutionProvider | str) -> ExecutionProvider:
                          f'{choices}') from None
 
 
-def _provider_list(provider: ExecutionProvider, cache_dir: Path | None) -> list:
+def _provider_list(provider: ExecutionProvider, trt_cache: Path) -> list:
     if provider is ExecutionProvider.CPU:
         return ['CPUExecutionProvider']
     # Nodes a GPU provider does not support run on the next one in the list.
     if provider is ExecutionProvider.CUDA:
         return ['CUDAExecutionProvider', 'CPUExecutionProvider']
-    options: dict[str, Any] = {'trt_fp16_enable': True}
-    if cache_dir is not None:
-        # TensorRT builds its engines on first run (minutes); the cache keeps them.
-        options.update(trt_engine_cache_enable=True, trt_engine_cache_path=str(cache_dir))
+    # TensorRT builds its engines on first run (minutes); the cache keeps them. FP16 as the
+    # shipped detector's engines (docs/gpu_jetson.md).
+    options: dict[str, Any] = {'trt_fp16_enable': True, 'trt_engine_cache_enable': True,
+                               'trt_engine_cache_path': str(trt_cache)}
     return [('TensorrtExecutionProvider', options), 'CUDAExecutionProvider',
             'CPUExecutionProvider']
 
@@ -87,8 +104,9 @@ class OnnxRunner:
         ``cpu``, ``cuda`` or ``tensorrt``.
     threads : int
         Intra-op threads of the CPU work (1 to :data:`MAX_THREADS`).
-    trt_cache_dir : str | Path | None
-        Where the TensorRT provider caches its engines (``tensorrt`` only).
+    cache_dir : str | Path | None
+        Folder whose ``tensorrt`` subfolder keeps the TensorRT provider's engines
+        (``tensorrt`` only; default :func:`default_cache_dir`).
 
     Raises
     ------
@@ -101,7 +119,7 @@ class OnnxRunner:
 
     def __init__(self, model: str | Path | bytes,
                  provider: ExecutionProvider | str = ExecutionProvider.CPU,
-                 threads: int = 1, trt_cache_dir: str | Path | None = None) -> None:
+                 threads: int = 1, cache_dir: str | Path | None = None) -> None:
         provider = parse_provider(provider)
         if isinstance(threads, bool) or not isinstance(threads, int) \
                 or not 1 <= threads <= MAX_THREADS:
@@ -129,7 +147,7 @@ class OnnxRunner:
         try:
             self.session = ort.InferenceSession(
                 source, options, providers=_provider_list(
-                    provider, Path(trt_cache_dir) if trt_cache_dir else None))
+                    provider, Path(cache_dir or default_cache_dir()) / 'tensorrt'))
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own error types
             where = 'the serialised model' if isinstance(model, bytes) else str(model)
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else ''
