@@ -1,27 +1,11 @@
 """Any ONNX detector with a linear class head as a contract detector (ROS-free).
 
 A user's ONNX file (a YOLO or RT-DETR export, or their own network) runs on ONNX Runtime
-(``uq_perception.onnx_runtime``); a *feature tap* makes it give what the NTK-GP needs:
-
-- it finds the node(s) producing the class logits: named explicitly, or found
-  automatically for two layouts (:class:`HeadLayout`):
-
-  - ``yolo``: one output ``(1, 4 + C, N)`` over ``N`` anchors of several scales, each
-    scale's class scores made by a 1x1 convolution with ``C`` output channels
-    (YOLOv8/11-style heads). Boxes are the first four rows.
-  - ``detr``: per-query outputs, boxes ``(1, Q, 4)`` and class logits ``(1, Q, C)`` (two
-    outputs, or one ``(1, Q, 4 + C)``), the logits made by a final linear layer
-    (MatMul + Add, or Gemm) on the per-query features.
-
-  Candidates are linear nodes (1x1 Conv, Gemm, MatMul [+ Add]) with constant weights; the
-  tap keeps those whose outputs, passed through the model's own activation (none,
-  sigmoid or softmax), reproduce the class part of the model's output on a probe image.
-- it adds each class node's input (``phi``) and output (the logits) to the graph outputs,
-  and reads ``W`` and ``b`` from the node's initialisers;
-- for a YOLO head whose scales have separate class convolutions, ``phi`` of an anchor of
-  scale ``s`` is the block vector with ``[phi_s; 1]`` in block ``s`` and zeros elsewhere,
-  and ``W = [W_1 b_1 | W_2 b_2 | ...]``, ``b = 0``: one linear head, exact, whose
-  last-layer kernel is that of the separate per-scale parameters.
+(``uq_perception.onnx_runtime``). The feature tap (``uq_perception.onnx_feature_tap``)
+finds the node(s) making its class logits, by name or for the ``yolo`` and ``detr``
+layouts; the adapter adds each one's input (``phi``) and output (the logits) to the graph
+outputs, so every frame gives boxes, scores, ``phi`` and logits, with ``W`` and ``b`` read
+from the node's weights.
 
 Pre- and post-processing are configurable to match the export (:class:`OnnxAdapterConfig`):
 letterbox or plain resize, channel order, mean/std normalisation, box format, score
@@ -48,22 +32,23 @@ from uq_perception.contract import (
     check_linear_head,
     check_rgb_image,
 )
+from uq_perception.onnx_feature_tap import (
+    FeatureTap,
+    HeadLayout,
+    ScoreActivation,
+    activate,
+    find_feature_tap,
+    infer_types,
+    with_outputs,
+)
 from uq_perception.onnx_runtime import ExecutionProvider, OnnxRunner
 
-#: Largest deviation (relative to ``max(1, |value|)``) between a class node's activated
-#: output and the model's class output for the node to count as the class-logit node.
-MATCH_TOLERANCE = 1e-4
 #: Most class nodes an explicit setting may name (one per scale of a multi-scale head).
 MAX_CLASS_NODES = 16
 
-
-class HeadLayout(StrEnum):
-    """How the model's outputs are laid out (module docstring)."""
-
-    AUTO = 'auto'
-    YOLO = 'yolo'
-    DETR = 'detr'
-
+__all__ = ['BoxFormat', 'ChannelOrder', 'FeatureTap', 'HeadLayout', 'NmsMode',
+           'OnnxAdapterConfig', 'OnnxDetector', 'ResizeMode', 'ScoreActivation',
+           'non_max_suppression', 'prepare_input']
 
 class ResizeMode(StrEnum):
     """How a camera frame becomes the network input."""
@@ -87,14 +72,6 @@ class BoxFormat(StrEnum):
     XYXY = 'xyxy'
     CXCYWH_NORMALIZED = 'cxcywh-normalized'
     XYXY_NORMALIZED = 'xyxy-normalized'
-
-
-class ScoreActivation(StrEnum):
-    """Map from class logits to class probabilities (the score is their maximum)."""
-
-    AUTO = 'auto'  # the activation found in the graph; sigmoid when the output is raw logits
-    SIGMOID = 'sigmoid'
-    SOFTMAX = 'softmax'
 
 
 class NmsMode(StrEnum):
@@ -206,175 +183,6 @@ class OnnxAdapterConfig:
         object.__setattr__(self, 'class_names', tuple(n.strip() for n in names))
 
 
-# --------------------------------------------------------------------------- the graph
-
-
-@dataclass(frozen=True)
-class ClassNode:
-    """A linear node with constant weights: a candidate class-logit node.
-
-    Attributes
-    ----------
-    name
-        The ONNX node's name (the MatMul's for MatMul + Add).
-    op_type
-        ``Conv``, ``Gemm`` or ``MatMul``.
-    feature_tensor
-        Its input: ``phi`` (channels first for Conv, last for Gemm/MatMul).
-    logit_tensor
-        Its output with the bias added (the Add's output for MatMul + Add).
-    head
-        ``W`` and ``b``.
-    """
-
-    name: str
-    op_type: str
-    feature_tensor: str
-    logit_tensor: str
-    head: LinearHead
-
-
-def _attributes(node: Any) -> dict[str, Any]:
-    import onnx
-
-    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-
-
-class _Graph:
-    """Constant resolution and linear-node discovery over an ONNX graph."""
-
-    def __init__(self, proto: Any) -> None:
-        from onnx import numpy_helper
-
-        self.graph = proto.graph
-        self.constants: dict[str, np.ndarray] = {
-            i.name: numpy_helper.to_array(i) for i in self.graph.initializer}
-        self.producer: dict[str, Any] = {}
-        self.consumers: dict[str, list[Any]] = {}
-        for node in self.graph.node:
-            for out in node.output:
-                self.producer[out] = node
-            for name in node.input:
-                self.consumers.setdefault(name, []).append(node)
-            if node.op_type == 'Constant' and node.output:
-                value = _attributes(node).get('value')
-                if value is not None:
-                    self.constants[node.output[0]] = numpy_helper.to_array(value)
-
-    def constant(self, name: str, depth: int = 0) -> np.ndarray | None:
-        """The value of ``name`` when it is constant (through Identity, Transpose, Cast)."""
-        if name in self.constants:
-            return self.constants[name]
-        node = self.producer.get(name)
-        if node is None or depth > 4 or not node.input:
-            return None
-        source = self.constant(node.input[0], depth + 1)
-        if source is None:
-            return None
-        if node.op_type == 'Identity':
-            return source
-        if node.op_type == 'Cast':
-            return source.astype(np.float32)
-        if node.op_type == 'Transpose':
-            perm = _attributes(node).get('perm')
-            return np.transpose(source, perm) if perm is not None else source.T
-        return None
-
-    def linear_nodes(self) -> list[ClassNode]:
-        """Every 1x1 Conv, Gemm and MatMul with a constant weight (and constant bias)."""
-        found = []
-        for node in self.graph.node:
-            made = None
-            if node.op_type == 'Conv':
-                made = self._conv(node)
-            elif node.op_type == 'Gemm':
-                made = self._gemm(node)
-            elif node.op_type == 'MatMul':
-                made = self._matmul(node)
-            if made is not None:
-                found.append(made)
-        return found
-
-    def _conv(self, node: Any) -> ClassNode | None:
-        weight = self.constant(node.input[1]) if len(node.input) > 1 else None
-        if weight is None or weight.ndim != 4 or weight.shape[2:] != (1, 1):
-            return None
-        attrs = _attributes(node)
-        if attrs.get('group', 1) != 1 or any(s != 1 for s in attrs.get('strides', [1, 1])) \
-                or any(p != 0 for p in attrs.get('pads', [0, 0, 0, 0])):
-            return None
-        bias = self._bias(node, 2, weight.shape[0])
-        if bias is None:
-            return None
-        return ClassNode(node.name, 'Conv', node.input[0], node.output[0],
-                         LinearHead(weight[:, :, 0, 0].astype(np.float32), bias))
-
-    def _gemm(self, node: Any) -> ClassNode | None:
-        weight = self.constant(node.input[1])
-        attrs = _attributes(node)
-        if weight is None or weight.ndim != 2 or attrs.get('transA', 0) \
-                or attrs.get('alpha', 1.0) != 1.0 or attrs.get('beta', 1.0) != 1.0:
-            return None
-        w = weight if attrs.get('transB', 0) else weight.T
-        bias = self._bias(node, 2, w.shape[0])
-        if bias is None:
-            return None
-        return ClassNode(node.name, 'Gemm', node.input[0], node.output[0],
-                         LinearHead(w.astype(np.float32), bias))
-
-    def _matmul(self, node: Any) -> ClassNode | None:
-        weight = self.constant(node.input[1])
-        if weight is None or weight.ndim != 2:
-            return None
-        w = weight.T.astype(np.float32)
-        out, bias = node.output[0], np.zeros(w.shape[0], np.float32)
-        users = self.consumers.get(out, [])
-        if len(users) == 1 and users[0].op_type == 'Add':
-            add = users[0]
-            other = add.input[1] if add.input[0] == out else add.input[0]
-            value = self.constant(other)
-            if value is not None and value.size == w.shape[0] and \
-                    value.shape[-1:] == (w.shape[0],):
-                out, bias = add.output[0], value.reshape(-1).astype(np.float32)
-        return ClassNode(node.name, 'MatMul', node.input[0], out, LinearHead(w, bias))
-
-    def _bias(self, node: Any, index: int, rows: int) -> np.ndarray | None:
-        if len(node.input) <= index or not node.input[index]:
-            return np.zeros(rows, np.float32)
-        value = self.constant(node.input[index])
-        if value is None or value.size != rows:
-            return None
-        return value.reshape(-1).astype(np.float32)
-
-
-def _with_outputs(proto: Any, names: Sequence[str]) -> bytes:
-    """``proto`` serialised with ``names`` added to its graph outputs (types inferred)."""
-    import onnx
-
-    model = onnx.ModelProto()
-    model.CopyFrom(proto)
-    existing = {o.name for o in model.graph.output}
-    types = {v.name: v.type.tensor_type.elem_type for v in model.graph.value_info}
-    for name in names:
-        if name in existing:
-            continue
-        # The element type of an intermediate tensor is known once shapes are inferred; the
-        # shape itself is left open.
-        model.graph.output.append(onnx.helper.make_tensor_value_info(
-            name, types.get(name, onnx.TensorProto.FLOAT), None))
-        existing.add(name)
-    return model.SerializeToString()
-
-
-def _infer_types(proto: Any) -> Any:
-    import onnx
-
-    try:
-        return onnx.shape_inference.infer_shapes(proto)
-    except Exception:  # noqa: BLE001 - inference is a convenience; float32 is assumed without it
-        return proto
-
-
 # ------------------------------------------------------------------- pre/post-processing
 
 
@@ -474,220 +282,6 @@ def non_max_suppression(boxes_xyxy: np.ndarray, scores: np.ndarray, iou_threshol
     return np.asarray(keep, dtype=np.int64)
 
 
-def _activate(logits: np.ndarray, activation: ScoreActivation) -> np.ndarray:
-    x = np.asarray(logits, np.float64)
-    if activation is ScoreActivation.SOFTMAX:
-        e = np.exp(x - x.max(axis=-1, keepdims=True))
-        return e / e.sum(axis=-1, keepdims=True)
-    return 0.5 * (1.0 + np.tanh(0.5 * x))  # the sigmoid, without overflow warnings
-
-
-def _deviation(found: np.ndarray, expected: np.ndarray) -> float:
-    if found.shape != expected.shape:
-        return float('inf')
-    a, b = np.asarray(found, np.float64), np.asarray(expected, np.float64)
-    dev = np.abs(a - b) / np.maximum(1.0, np.abs(b))
-    return float(np.nan_to_num(dev, nan=np.inf).max()) if dev.size else 0.0
-
-
-def _matching_activation(logits: np.ndarray, target: np.ndarray
-                         ) -> ScoreActivation | None | str:
-    """Which activation of ``logits`` (classes on the last axis) gives ``target``:
-    ``'identity'``, a :class:`ScoreActivation`, or ``None``."""
-    if _deviation(logits, target) <= MATCH_TOLERANCE:
-        return 'identity'
-    for activation in (ScoreActivation.SIGMOID, ScoreActivation.SOFTMAX):
-        if _deviation(_activate(logits, activation), target) <= MATCH_TOLERANCE:
-            return activation
-    return None
-
-
-# ---------------------------------------------------------------------------- the tap
-
-
-@dataclass(frozen=True)
-class FeatureTap:
-    """Where ``phi`` and the logits are read, and the head they form.
-
-    Attributes
-    ----------
-    layout
-        The resolved :class:`HeadLayout`.
-    nodes
-        The class-logit node(s), in anchor order (one per scale for a YOLO head).
-    scale_sizes
-        Anchors per node (``h * w`` of each scale; the query count for DETR).
-    head
-        ``W`` and ``b`` of ``logits = W phi + b``.
-    stacked
-        Whether ``phi`` is the per-scale block vector (module docstring).
-    output_activation
-        What the model applies to the logits in its class output (``identity``,
-        ``sigmoid``, ``softmax``).
-    class_output, box_output
-        Names of the model outputs holding the class part and the boxes.
-    """
-
-    layout: HeadLayout
-    nodes: tuple[ClassNode, ...]
-    scale_sizes: tuple[int, ...]
-    head: LinearHead
-    stacked: bool
-    output_activation: str
-    class_output: str
-    box_output: str
-
-    @property
-    def tensors(self) -> list[str]:
-        """Graph tensors the session must return: every node's features and logits."""
-        names: list[str] = []
-        for node in self.nodes:
-            names += [node.feature_tensor, node.logit_tensor]
-        return names
-
-
-def _stacked_head(nodes: Sequence[ClassNode]) -> tuple[LinearHead, bool]:
-    first = nodes[0].head
-    if all(np.array_equal(n.head.weight, first.weight) and np.array_equal(n.head.bias, first.bias)
-           for n in nodes[1:]):
-        return first, False
-    blocks = [np.concatenate([n.head.weight, n.head.bias[:, None]], axis=1) for n in nodes]
-    weight = np.concatenate(blocks, axis=1).astype(np.float32)
-    return LinearHead(weight, np.zeros(weight.shape[0], np.float32)), True
-
-
-def _select_named(candidates: Sequence[ClassNode], names: Sequence[str]) -> list[ClassNode]:
-    chosen = []
-    for name in names:
-        match = [c for c in candidates if name in (c.name, c.logit_tensor)]
-        if not match:
-            raise ValueError(f'class node {name!r} is not a linear node (1x1 Conv, Gemm or '
-                             'MatMul) with constant weights in this model')
-        chosen.append(match[0])
-    return chosen
-
-
-def _find_yolo(outputs: dict[str, np.ndarray], values: dict[str, np.ndarray],
-               candidates: Sequence[ClassNode], explicit: bool) -> FeatureTap | None:
-    for name, out in outputs.items():
-        if out.ndim != 3 or out.shape[0] != 1 or out.shape[1] < 5:
-            continue
-        classes, anchors = out.shape[1] - 4, out.shape[2]
-        target = out[0, 4:, :]
-        pool = [c for c in candidates if c.op_type == 'Conv' and c.head.num_classes == classes
-                and values[c.logit_tensor].ndim == 4]
-        chosen: list[ClassNode] = []
-        activation: str | None = None
-        offset = 0
-        remaining = list(pool)
-        while offset < anchors and remaining:
-            for candidate in (remaining[:1] if explicit else remaining):
-                flat = values[candidate.logit_tensor][0].reshape(classes, -1)
-                stop = offset + flat.shape[1]
-                if stop > anchors:
-                    continue
-                found = _matching_activation(flat.T, target[:, offset:stop].T)
-                if found is not None and activation in (None, found):
-                    activation = found
-                    chosen.append(candidate)
-                    remaining.remove(candidate)
-                    offset = stop
-                    break
-            else:
-                break
-        if chosen and offset == anchors:
-            head, stacked = _stacked_head(chosen)
-            sizes = tuple(int(np.prod(values[c.logit_tensor].shape[2:])) for c in chosen)
-            return FeatureTap(HeadLayout.YOLO, tuple(chosen), sizes, head, stacked,
-                              str(activation), name, name)
-    return None
-
-
-def _find_detr(outputs: dict[str, np.ndarray], values: dict[str, np.ndarray],
-               candidates: Sequence[ClassNode]) -> FeatureTap | None:
-    ranked = [(name, out) for name, out in outputs.items()
-              if out.ndim == 3 and out.shape[0] == 1]
-    # An output named for boxes is never the class output (both are (1, Q, 4) when C = 4).
-    ranked.sort(key=lambda item: 'box' in item[0].lower())
-    for name, out in ranked:
-        if 'box' in name.lower() and len(ranked) > 1:
-            continue
-        queries = out.shape[1]
-        parts: list[tuple[np.ndarray, str | None]] = [(out, None)]
-        if out.shape[2] > 4:
-            parts.append((out[..., 4:], name))  # one output: boxes then classes
-        for target, combined in parts:
-            for candidate in candidates:
-                logits = values[candidate.logit_tensor]
-                if logits.ndim == 2:  # a Gemm on the (Q, d) rows of the batch of one
-                    logits = logits[None]
-                if logits.shape != target.shape or logits.shape[1] != queries:
-                    continue
-                found = _matching_activation(logits[0], target[0])
-                if found is None:
-                    continue
-                if combined is not None:
-                    box_output = combined
-                else:
-                    boxes = [n for n, o in outputs.items() if n != name and o.ndim == 3
-                             and o.shape[:2] == (1, queries) and o.shape[2] == 4]
-                    if len(boxes) != 1:
-                        continue
-                    box_output = boxes[0]
-                return FeatureTap(HeadLayout.DETR, (candidate,), (queries,), candidate.head,
-                                  False, str(found), name, box_output)
-    return None
-
-
-def find_feature_tap(proto: Any, runner_factory: Any, probe: np.ndarray, input_name: str,
-                     config: OnnxAdapterConfig) -> FeatureTap:
-    """Find the class-logit node(s) of ``proto`` (module docstring).
-
-    Parameters
-    ----------
-    proto
-        The loaded ``onnx.ModelProto``.
-    runner_factory
-        ``bytes -> OnnxRunner`` for a modified model.
-    probe
-        A network input to compare the candidates' outputs with the model's on.
-    input_name
-        The model input's name.
-    config
-        The layout and explicit node names.
-
-    Raises
-    ------
-    ValueError
-        When no node, or no set of per-scale nodes, reproduces the model's class output.
-    """
-    graph = _Graph(proto)
-    candidates = graph.linear_nodes()
-    if config.class_nodes:
-        candidates = _select_named(candidates, config.class_nodes)
-    if not candidates:
-        raise ValueError('the model has no linear node (1x1 Conv, Gemm or MatMul) with '
-                         'constant weights that could produce class logits')
-    model_outputs = [o.name for o in proto.graph.output]
-    taps = sorted({c.logit_tensor for c in candidates} - set(model_outputs))
-    runner = runner_factory(_with_outputs(_infer_types(proto), taps))
-    values = runner.run({input_name: probe})
-    outputs = {name: values[name] for name in model_outputs}
-    tap = None
-    if config.layout in (HeadLayout.AUTO, HeadLayout.YOLO):
-        tap = _find_yolo(outputs, values, candidates, bool(config.class_nodes))
-    if tap is None and config.layout in (HeadLayout.AUTO, HeadLayout.DETR):
-        tap = _find_detr(outputs, values, candidates)
-    if tap is None:
-        shapes = ', '.join(f'{n} {tuple(v.shape)}' for n, v in outputs.items())
-        raise ValueError(
-            f'no class-logit node found for layout {config.layout.value} (outputs: {shapes}): '
-            'expected a YOLO output (1, 4 + C, N) made from per-scale 1x1 class convolutions, '
-            'or DETR outputs (1, Q, 4) and (1, Q, C) from a final linear layer; name the '
-            'node(s) with class_nodes, or set the layout')
-    return tap
-
-
 # ------------------------------------------------------------------------ the detector
 
 
@@ -778,13 +372,15 @@ class OnnxDetector(DetectorContract):
         self._input_dtype: type = np.float16 if 'float16' in base.input_type() else np.float32
         probe = self._probe_input()
 
-        def factory(model: bytes) -> OnnxRunner:
-            return OnnxRunner(model, provider, threads, cache_dir)
+        def run_probe(model: bytes) -> dict[str, np.ndarray]:
+            return OnnxRunner(model, provider, threads, cache_dir).run(
+                {self._input_name: probe})
 
-        self.tap = find_feature_tap(proto, factory, probe, self._input_name, config)
-        # The session of every frame returns the model's box/class outputs and the taps.
+        self.tap = find_feature_tap(proto, run_probe, config.layout, config.class_nodes)
+        # The session of every frame returns the model's box output and the taps.
         needed = sorted({self.tap.box_output} | set(self.tap.tensors))
-        self._runner = factory(_with_outputs(_infer_types(proto), needed))
+        self._runner = OnnxRunner(with_outputs(infer_types(proto), needed), provider,
+                                  threads, cache_dir)
         self._outputs = [self.tap.box_output] + self.tap.tensors
         self._model_id = f'onnx-{file_digest(path)[:16]}'
         count = self.tap.head.num_classes
@@ -906,7 +502,7 @@ class OnnxDetector(DetectorContract):
                 image_size: tuple[int, int], score_threshold: float,
                 max_detections: int) -> Detections:
         features, logits, raw_boxes = self._candidates(values)
-        probabilities = _activate(logits, self.score_activation)
+        probabilities = activate(logits, self.score_activation)
         classes = np.argmax(probabilities, axis=1)
         scores = probabilities[np.arange(len(classes)), classes]
         finite = np.isfinite(scores) & np.isfinite(raw_boxes).all(axis=1)
