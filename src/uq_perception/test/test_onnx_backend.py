@@ -80,6 +80,7 @@ def test_shipped_model_on_onnxruntime_agrees_with_torch(tmp_path):
         assert (np.abs(ours_var - theirs_var) <= 1e-4 * theirs_var).all()
 
 
+@pytest.mark.slow  # six exports
 def test_export_is_cached_by_model_and_rebuilt_when_corrupt_or_stale(tmp_path):
     model = _tiny(0)
     first = create_backend('onnxruntime', model, onnx_cache_dir=tmp_path)
