@@ -33,7 +33,9 @@ if shutil.which('ros2') is None:
 
 WORKSPACE = Path(__file__).resolve().parents[1]
 LAUNCH_FILES = sorted((WORKSPACE / 'launch').glob('*.launch.py'))
-DOMAIN_ID = 100 + zlib.crc32(b'test_launch_files') % 100
+# One domain per run: two runs at once on one host (two checkouts) shared one before, and
+# their stacks, with the same node names, drove each other's lifecycles and topics.
+DOMAIN_ID = 100 + (zlib.crc32(b'test_launch_files') + os.getpid()) % 100
 
 
 class Launch:
