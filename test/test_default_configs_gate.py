@@ -39,7 +39,8 @@ from uq_msgs.msg import AutonomyState, DetectionArray
 
 WORKSPACE = Path(__file__).resolve().parents[1]
 CONFIG = WORKSPACE / 'config'
-DOMAIN_ID = 100 + zlib.crc32(b'test_default_configs_gate') % 100
+# One domain per run: two runs at once on one host must not drive each other's nodes.
+DOMAIN_ID = 100 + (zlib.crc32(b'test_default_configs_gate') + os.getpid()) % 100
 START_TIMEOUT_S = 180.0   # torch import and model load on a loaded 2-core machine
 HAND_BACK_S = 3.0         # unknown objects in view -> teleoperation within this
 HOLD_S = 5.0              # ... and held at least this long after

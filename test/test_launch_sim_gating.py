@@ -52,7 +52,8 @@ from uq_msgs.msg import AutonomyState, DetectionArray  # noqa: E402
 WORKSPACE = Path(__file__).resolve().parents[1]
 SIM = WORKSPACE / 'launch' / 'sim.launch.py'
 NAMESPACE = 'sim_gating_test'
-DOMAIN_ID = 100 + zlib.crc32(b'test_launch_sim_gating') % 100
+# One domain per run: two runs at once on one host must not drive each other's nodes.
+DOMAIN_ID = 100 + (zlib.crc32(b'test_launch_sim_gating') + os.getpid()) % 100
 START_TIMEOUT_S = 180.0     # torch import + model load on a shared 2-core machine
 HAND_BACK_S = 3.0           # unknown objects in view -> teleoperation within this
 HOLD_S = 5.0                # ... held at least this long after
