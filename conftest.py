@@ -12,14 +12,37 @@ import os
 import tempfile
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 
+WORKSPACE = Path(__file__).resolve().parent
+# ONNX exports of the shipped model for the onnxruntime backend, built once for every test
+# run of this checkout (a fresh export takes seconds, too long for each node start).
+TEST_CACHE = WORKSPACE / 'build' / 'test-cache'
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    # Set before any test starts a node process, which inherits it.
+    # Set before any test starts a node process, which inherits them.
     os.environ['ROS_HOME'] = tempfile.mkdtemp(prefix='uq-test-ros-home-')
+    os.environ.setdefault('UQ_CACHE_DIR', str(TEST_CACHE))
+    _export_shipped_model(Path(os.environ['UQ_CACHE_DIR']))
+
+
+def _export_shipped_model(cache: Path) -> None:
+    """Build (or check) the cached ONNX export of the shipped model, so that detector nodes
+    started by the tests find it; without the workspace's packages there is nothing to do."""
+    try:
+        from uq_perception.backends import create_backend
+        from uq_perception.detector import load_detector
+        from uq_perception.model_files import default_detector_path
+    except ImportError:
+        return
+    model_path = default_detector_path()
+    if model_path.is_file():
+        create_backend('onnxruntime', load_detector(model_path), onnx_cache_dir=str(cache))
 
 
 def _private_context(module_name: str) -> Iterator[Any]:

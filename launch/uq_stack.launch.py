@@ -25,14 +25,14 @@ Parameters: for each node, ``config/<name>.yaml`` (the sim profile, the base, re
 ``detector``, ``arbitration``, ``ask_for_help``), then, with ``profile:=robot``,
 ``config/robot/<name>.yaml`` on top of it if present (only the values a robot changes), then
 the node's section of ``overlay_params`` if given (``sim.launch.py closed_loop:=true``
-passes ``config/shared_autonomy.yaml``), then the launch arguments (``model_path``,
-``backend``, ``use_sim_time`` ...).
+passes ``config/shared_autonomy.yaml``), then the launch arguments (``model_format``,
+``model_path``, ``backend``, ``use_sim_time`` ...).
 ``config_dir:=DIR`` reads the base files from another directory. The files may name their
 node ``detector_node``, ``/**`` or ``/**/detector_node``; the merged values are written to
 one parameter file per node whose key matches the node in any namespace.
 
 Bad arguments fail the launch before any process starts, with a message naming the argument:
-an unknown ``backend``, ``profile`` or ``log_level``, a ``model_path`` / ``gp_path`` /
+an unknown ``backend``, ``model_format``, ``profile`` or ``log_level``, a ``model_path`` / ``gp_path`` /
 ``dds_profile`` / ``overlay_params`` that is not a file, ``backend:=tensorrt`` without an
 existing ``engine_path``, a non-boolean flag, a negative ``respawn_delay``.
 """
@@ -65,7 +65,8 @@ from launch_ros.ros_adapters import get_ros_node
 from launch_ros.substitutions import FindPackageShare
 from lifecycle_msgs.msg import Transition
 
-BACKENDS = ('pytorch-cpu', 'pytorch-cuda', 'tensorrt')
+BACKENDS = ('onnxruntime', 'pytorch-cpu', 'pytorch-cuda', 'tensorrt')
+MODEL_FORMATS = ('torch', 'onnx')
 PROFILES = ('sim', 'robot')
 LOG_LEVELS = ('debug', 'info', 'warn', 'error', 'fatal')
 NODES = {  # node name -> package (the executable has the node's name)
@@ -88,14 +89,23 @@ ARGUMENTS = [
         'camera_info_topic', default_value='camera_info',
         description='CameraInfo topic matching image_topic (optional input of the detector).'),
     DeclareLaunchArgument(
+        'model_format', default_value='torch',
+        description='Format of model_path: torch (the shipped CenterNet) or onnx (any ONNX '
+                    'detector with a linear class head, read by the ONNX adapter; its onnx_* '
+                    'settings come from the parameter files or overlay_params; see '
+                    'docs/detector_contract.md).'),
+    DeclareLaunchArgument(
         'model_path', default_value=PathJoinSubstitution([SHARE, 'models', 'detector.pt']),
-        description='Detector weights (must exist). Default: the shipped model.'),
+        description='Detector weights or ONNX file (must exist). Default: the shipped model.'),
     DeclareLaunchArgument(
         'gp_path', default_value=PathJoinSubstitution([SHARE, 'models', 'detector_gp.npz']),
         description='NTK-GP artefact fitted for model_path (must exist and match the model).'),
     DeclareLaunchArgument(
-        'backend', default_value='pytorch-cpu',
-        description='Inference backend: one of ' + ', '.join(BACKENDS) + '.'),
+        'backend', default_value='onnxruntime',
+        description='Inference backend of a torch model: one of ' + ', '.join(BACKENDS) + ' '
+                    '(onnxruntime falls back to pytorch-cpu, saying why, when its export of the '
+                    'model cannot run or does not agree with torch). An onnx model always runs '
+                    'on ONNX Runtime.'),
     DeclareLaunchArgument(
         'engine_path', default_value='',
         description='TensorRT engine from `uq build-engine`; required (an existing file) '
@@ -269,6 +279,7 @@ class _ConfigureWhenDiscovered:
 def _stack(context: LaunchContext) -> list:
     """Validate the arguments, then build the nodes (nothing starts if validation fails)."""
     backend = _choice(context, 'backend', BACKENDS)
+    model_format = _choice(context, 'model_format', MODEL_FORMATS)
     profile = _choice(context, 'profile', PROFILES)
     log_level = _choice(context, 'log_level', LOG_LEVELS)
     use_sim_time = _flag(context, 'use_sim_time')
@@ -318,7 +329,8 @@ def _stack(context: LaunchContext) -> list:
     detector = LifecycleNode(
         package=NODES['detector_node'], executable='detector_node', name='detector_node',
         parameters=params('detector_node', {
-            'model_path': model_path, 'gp_path': gp_path, 'backend': backend,
+            'model_format': model_format, 'model_path': model_path, 'gp_path': gp_path,
+            'backend': backend,
             'engine_path': engine_path, 'autostart': False}),
         remappings=[('image', image_topic), ('camera_info', info_topic)],
         respawn=respawn, respawn_delay=respawn_delay, **common)

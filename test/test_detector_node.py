@@ -175,8 +175,10 @@ class Harness:
 
 def _detector(context, model_files: Path, node_class: type[DetectorNode] = DetectorNode,
               cli_args: list[str] | None = None, **parameters: Any) -> DetectorNode:
+    # pytorch-cpu: whether the onnxruntime backend takes a random test model depends on its
+    # export agreeing with torch; the ONNX path has its own tests (test_onnx_backend.py).
     overrides = {'model_path': str(model_files / 'detector.pt'),
-                 'gp_path': str(model_files / 'detector_gp.npz'),
+                 'gp_path': str(model_files / 'detector_gp.npz'), 'backend': 'pytorch-cpu',
                  'score_threshold': 0.0, 'max_detections': 5, 'diagnostics_period': 0.2,
                  **parameters}
     return node_class(context=context, cli_args=cli_args, parameter_overrides=[
