@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import math
@@ -350,7 +351,7 @@ def test_bench_mnist_arguments_seeds_threads_and_the_old_seed_spelling() -> None
 @pytest.mark.slow
 def test_seed_study_runs_every_pair_and_reports_mean_and_worst_case(
         tmp_path: Path, one_thread: None) -> None:
-    from uq_eval.mnist.seed_study import run_directory, run_seed_study
+    from uq_eval.mnist.seed_study import finished_row, run_directory, run_seed_study
 
     def write_summary(result: BenchmarkResult, directory: Path) -> None:
         # The summary alone: the full report (plots) is the quick benchmark test's subject.
@@ -390,3 +391,22 @@ def test_seed_study_runs_every_pair_and_reports_mean_and_worst_case(
     assert json.loads((out / 'seed_study.json').read_text()) == study
     markdown = (out / 'seed_study.md').read_text()
     assert markdown.count('\n| 0 | ') == 2 and '| **worst** |' in markdown
+
+    # Started again with resume, the study reuses every finished run and trains nothing.
+    def no_training(count: int) -> None:
+        raise AssertionError(f'a finished run was run again ({count} threads)')
+
+    again = run_seed_study(data, config, [0, 1], [1, 2], out, write_summary, no_training,
+                           resume=True)
+    assert again == study
+    # A run is reused only with the same settings, thread count and data, and a readable
+    # report.
+    directory = run_directory(out, 0, 1)
+    seed0 = dataclasses.replace(config, seed=0)
+    assert finished_row(directory, data, seed0, 1) == rows[0]
+    assert finished_row(directory, data, dataclasses.replace(seed0, epochs=2), 1) is None
+    assert finished_row(directory, data, seed0, 2) is None
+    assert finished_row(directory, data.with_extra_ood({'Noise': (tmp_path / 'n.npz', np.zeros(
+        (2, 28, 28), np.uint8))}), seed0, 1) is None
+    (directory / 'results.json').write_text('{"config": ')
+    assert finished_row(directory, data, seed0, 1) is None

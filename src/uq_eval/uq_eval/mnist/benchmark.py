@@ -52,6 +52,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         metavar='N',
                         help='torch intra-op threads (default 1, as for the figures in '
                              'docs/benchmarks.md); several: one run per value')
+    parser.add_argument('--resume', action='store_true',
+                        help='with several seeds or thread counts: reuse the runs already in '
+                             'OUT that were made with the same settings and data')
     parser.add_argument('--no-progress', action='store_true',
                         help='no progress bars or phase messages')
     parser.set_defaults(run=run)
@@ -98,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
 
         study = run_seed_study(data, config, args.seeds, args.threads, args.out, write_report,
                                torch.set_num_threads,
-                               log=lambda line: print(line, file=sys.stderr, flush=True))
+                               log=lambda line: print(line, file=sys.stderr, flush=True),
+                               resume=args.resume)
         print(study_markdown(study['rows'], study['summary']))
         print(f"wrote {args.out / 'seed_study.md'}, {args.out / 'seed_study.json'}")
         return 0

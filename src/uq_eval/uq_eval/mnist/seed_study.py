@@ -8,7 +8,9 @@ threads changes the networks' floating-point sums, so each pair trains different
 The study puts the runs side by side: per run the norm-aware NTK-GP's and the deep
 ensemble's OOD AUROC on every unknown set, their difference, the NTK-GP's chosen map, its
 cost and the exponent the evidence alone would have preferred; then the mean and the worst
-case over the runs. The worst case is the figure to quote.
+case over the runs. The worst case is the figure to quote. A full study trains 25 networks per
+thread count; with ``resume`` a study started again reuses the runs it finished before (same
+configuration, data and thread count), so it can be completed in parts.
 """
 
 from __future__ import annotations
@@ -115,11 +117,35 @@ def study_markdown(rows: Sequence[dict[str, Any]], summary: dict[str, Any]) -> s
             f"run: {cost}. Worst: lowest AUROC and margin, highest cost over the runs.\n")
 
 
+def finished_row(directory: Path, data: MnistBenchmarkData, config: BenchmarkConfig,
+                 threads: int) -> dict[str, Any] | None:
+    """The row of a run already in ``directory``, if it was made with this configuration,
+    data and thread count (``None`` otherwise, or if there is no readable report)."""
+    try:
+        summary = json.loads((directory / 'results.json').read_text())
+        made_with = {k: v for k, v in summary['config'].items() if k != 'progress'}
+        same = (made_with == _plain({k: v for k, v in dataclasses.asdict(config).items()
+                                     if k != 'progress'})
+                and summary['torch_threads'] == threads
+                and summary['data']['data_dir'] == str(data.data_dir)
+                and summary['data']['extra_ood_files'] == {
+                    name: str(path) for name, path in data.extra_ood_paths.items()})
+        return run_row(summary) if same else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as it reads back from JSON (tuples become lists)."""
+    return json.loads(json.dumps(value))
+
+
 def run_seed_study(data: MnistBenchmarkData, config: BenchmarkConfig, seeds: Sequence[int],
                    threads: Sequence[int], out: Path,
                    write_report: Callable[[BenchmarkResult, Path], Any],
                    set_threads: Callable[[int], None],
-                   log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+                   log: Callable[[str], None] = lambda line: None,
+                   resume: bool = False) -> dict[str, Any]:
     """Run the benchmark for every (seed, threads) pair and write the study.
 
     Parameters
@@ -138,6 +164,10 @@ def run_seed_study(data: MnistBenchmarkData, config: BenchmarkConfig, seeds: Seq
         Sets the number of torch threads (``torch.set_num_threads``).
     log
         Receives a line per finished run.
+    resume
+        Reuse a run whose report is already in its directory, made with the same
+        configuration, data and thread count (:func:`finished_row`), instead of running it
+        again.
 
     Returns
     -------
@@ -149,12 +179,20 @@ def run_seed_study(data: MnistBenchmarkData, config: BenchmarkConfig, seeds: Seq
     rows = []
     for seed in seeds:
         for count in threads:
-            set_threads(count)
-            result = run_benchmark(data, dataclasses.replace(config, seed=seed))
-            write_report(result, run_directory(out, seed, count))
-            rows.append(run_row(result.summary))
-            margins = ', '.join(f'{n} {m:+.3f}' for n, m in rows[-1]['margin'].items())
-            log(f'seed {seed}, {count} thread(s): NTK-GP - ensemble AUROC {margins}')
+            run_config = dataclasses.replace(config, seed=seed)
+            directory = run_directory(out, seed, count)
+            row = finished_row(directory, data, run_config, count) if resume else None
+            if row is None:
+                set_threads(count)
+                result = run_benchmark(data, run_config)
+                write_report(result, directory)
+                row = run_row(result.summary)
+                done = 'ran'
+            else:
+                done = f'reused {directory}'
+            rows.append(row)
+            margins = ', '.join(f'{n} {m:+.3f}' for n, m in row['margin'].items())
+            log(f'seed {seed}, {count} thread(s) ({done}): NTK-GP - ensemble AUROC {margins}')
             # Written after every run, so an interrupted study keeps what it finished.
             _write(out, rows)
     return _write(out, rows)
