@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from uq_common.str_enum import StrEnum
 from uq_perception.backends import BackendKind, create_backend_with_fallback
 from uq_perception.contract import DetectorContract
+from uq_perception.cuda_graph import CudaOptions, Precision
 from uq_perception.onnx_adapter import OnnxAdapterConfig, OnnxDetector
 from uq_perception.onnx_runtime import ExecutionProvider, parse_provider
 
@@ -50,6 +51,15 @@ class RuntimeSettings:
     onnx_cache_dir
         Cache folder of the shipped model's ONNX export and of ONNX Runtime's TensorRT
         engines (``None``: :func:`~uq_perception.onnx_runtime.default_cache_dir`).
+    cuda
+        CUDA graph, precision and GPU preprocessing of ``pytorch-cuda``; anything but the
+        eager FP32 defaults is refused for another backend.
+
+    Raises
+    ------
+    ValueError
+        On an unknown backend or provider, or CUDA options for another backend than
+        ``pytorch-cuda``.
     """
 
     backend: BackendKind = BackendKind.ONNXRUNTIME
@@ -57,6 +67,7 @@ class RuntimeSettings:
     onnx_provider: ExecutionProvider = ExecutionProvider.CPU
     onnx_threads: int = 1
     onnx_cache_dir: Path | None = None
+    cuda: CudaOptions = CudaOptions()
 
     def __post_init__(self) -> None:
         try:
@@ -65,6 +76,20 @@ class RuntimeSettings:
             raise ValueError(f'unknown backend {self.backend!r}; choose one of '
                              f'{", ".join(k.value for k in BackendKind)}') from None
         object.__setattr__(self, 'onnx_provider', parse_provider(self.onnx_provider))
+        if self.backend is not BackendKind.PYTORCH_CUDA and not self.cuda.eager_fp32:
+            raise ValueError(f'{cuda_settings(self.cuda)}: for backend pytorch-cuda only, '
+                             f'the backend is {self.backend.value}')
+
+
+def cuda_settings(options: CudaOptions) -> str:
+    """The settings of ``options`` that leave eager FP32, as the node's parameters
+    (``cuda_graph true, precision fp16``); ``eager fp32`` when none does."""
+    changed = ['cuda_graph true'] if options.cuda_graph else []
+    if options.precision is not Precision.FP32:
+        changed.append(f'precision {options.precision.value}')
+    if options.gpu_preprocess:
+        changed.append('gpu_preprocess true')
+    return ', '.join(changed) or 'eager fp32'
 
 
 @dataclass(frozen=True)
@@ -164,7 +189,7 @@ def start_detector(loaded: LoadedModel, runtime: RuntimeSettings = RuntimeSettin
     return create_backend_with_fallback(
         runtime.backend, loaded.network, runtime.engine_path,
         onnx_provider=runtime.onnx_provider, onnx_threads=runtime.onnx_threads,
-        onnx_cache_dir=runtime.onnx_cache_dir, gp=gp)
+        onnx_cache_dir=runtime.onnx_cache_dir, gp=gp, cuda=runtime.cuda)
 
 
 def open_detector(model_format: ModelFormat | str, model_path: str | Path,
@@ -242,10 +267,19 @@ def _triple(values: Sequence[float], name: str) -> tuple[float, float, float]:
 
 
 def runtime_from_parameters(values: Mapping[str, Any]) -> RuntimeSettings:
-    """The :class:`RuntimeSettings` of the detector node's parameters."""
+    """The :class:`RuntimeSettings` of the detector node's parameters.
+
+    Raises
+    ------
+    ValueError
+        When ``cuda_graph``, ``precision`` or ``gpu_preprocess`` leave eager FP32 for
+        another backend than ``pytorch-cuda`` (one line naming them and the backend).
+    """
     return RuntimeSettings(
         backend=values['backend'],
         engine_path=Path(values['engine_path']) if values['engine_path'] else None,
         onnx_provider=values['onnx_provider'], onnx_threads=values['onnx_threads'],
         onnx_cache_dir=Path(values['onnx_cache_dir']).expanduser()
-        if values['onnx_cache_dir'] else None)
+        if values['onnx_cache_dir'] else None,
+        cuda=CudaOptions(cuda_graph=values['cuda_graph'], precision=values['precision'],
+                         gpu_preprocess=values['gpu_preprocess']))

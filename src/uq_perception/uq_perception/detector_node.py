@@ -92,6 +92,7 @@ from uq_common.rolling_stats import RollingStats
 from uq_msgs.msg import DetectionArray
 from uq_msgs.srv import TeachObject
 from uq_perception.backends import DEFAULT_CPU_BACKEND, BackendKind
+from uq_perception.cuda_graph import Precision
 from uq_perception.detector_loading import (
     ModelFormat,
     adapter_config_from_parameters,
@@ -112,6 +113,7 @@ from uq_perception.onnx_runtime import MAX_THREADS, ExecutionProvider
 
 NODE_NAME = 'detector_node'
 _INPUT_SIZE_RULE = 'onnx_input_width and onnx_input_height: both 0 or both set'
+_CUDA_RULE = 'true or fp16 only with backend pytorch-cuda'
 
 
 PARAMETERS = [
@@ -134,6 +136,19 @@ PARAMETERS = [
     ParameterSpec('engine_path', '',
                   'TensorRT engine built by `uq build-engine` (backend tensorrt only).',
                   read_only=True),
+    ParameterSpec('cuda_graph', False,
+                  'Backend pytorch-cuda: capture the network and the GP variance of every '
+                  'candidate in one CUDA graph per frame size and replay it per frame (eager, '
+                  'with a warning, where capture fails).', read_only=True,
+                  constraints=_CUDA_RULE),
+    ParameterSpec('precision', Precision.FP32.value,
+                  'Backend pytorch-cuda: precision of the network, fp32 or fp16 (as the '
+                  'TensorRT engine: float16 weights and input, the GP variance in float32).',
+                  choices=[v.value for v in Precision], read_only=True, constraints=_CUDA_RULE),
+    ParameterSpec('gpu_preprocess', False,
+                  'Backend pytorch-cuda: upload the raw uint8 frame and resize and normalise '
+                  'it on the GPU (false: resized on the host, as on the CPU).', read_only=True,
+                  constraints=_CUDA_RULE),
     ParameterSpec('warmup_frames', 3,
                   'Blank frames run through every backend but pytorch-cpu on configure, so '
                   'the first camera frames do not pay for lazy initialisation (0: none).',
@@ -477,6 +492,12 @@ class DetectorNode(LifecycleNode):
             seconds = backend.warm_up(p['warmup_frames'])
             self.get_logger().info(f'warmed up {self._backend_name} with '
                                    f'{p["warmup_frames"]} frames in {seconds:.2f} s')
+        # A CUDA graph that could not be captured at warm-up leaves the network running
+        # eagerly: said in the node's log (a later frame size's failure is the runner's log).
+        graph_failure = getattr(backend, 'graph_failure', '')
+        if graph_failure:
+            self.get_logger().warning(f'CUDA graph capture failed, running eagerly: '
+                                      f'{graph_failure}')
         self._model_id = gp.model_id
         self._device = backend.device_name
         self._learnt_save_path = learnt.save_to
