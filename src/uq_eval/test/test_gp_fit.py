@@ -1,102 +1,46 @@
 """``uq gp fit`` end to end, through the ``uq`` command line, on generated COCO folders.
 
-Two detectors: a small DETR-style network written here, exported to ONNX in the test and
-read through the ONNX adapter (its four queries look at the four quadrants of the image,
-its features are the quadrant's mean colour); and the shipped CenterNet on a few simulator
-renders written by ``uq sim dataset``'s generator. Then every kind of bad input: one line
-on stderr, exit status 2, no file written or changed.
+Two detectors: a small DETR-style network (``quadrant_detector.py`` beside this file),
+exported to ONNX in the test and read through the ONNX adapter (its four queries look at the
+four quadrants of the image, its features are the quadrant's mean colour); and the shipped
+CenterNet on a few simulator renders written by ``uq sim dataset``'s generator. Then every
+kind of bad input: one line on stderr, exit status 2, no file written or changed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import logging
-import warnings
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
-import torch
-from torch import nn
 
 from uq_common.cli import main as uq
 from uq_perception.model_files import shipped_model_dir
 from uq_perception.ntk import LastLayerNTKGP
 
-SIZE = 64
-HALF = SIZE // 2
-# Class colours (RGB): two the network knows, one it has no class for.
-COLOURS = {'red': (210, 40, 40), 'green': (40, 210, 40), 'blue': (40, 40, 210)}
-CATEGORIES = [{'id': 1, 'name': 'red', 'supercategory': 'object'},
-              {'id': 2, 'name': 'green', 'supercategory': 'object'},
-              {'id': 3, 'name': 'blue', 'supercategory': 'object'}]
+
+def _load_quadrant_detector():
+    """The shared test detector and data (quadrant_detector.py beside this file)."""
+    spec = importlib.util.spec_from_file_location(
+        'quadrant_detector', Path(__file__).with_name('quadrant_detector.py'))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-class QuadrantDetr(nn.Module):
-    """DETR-style set prediction: query ``q`` is the image quadrant ``q`` (row-major); its
-    box is that quadrant (normalised centre-size), its features the quadrant's mean colour
-    and the class logits a final linear layer on them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.pool = nn.AdaptiveAvgPool2d(2)
-        self.class_embed = nn.Linear(3, 2)
-        with torch.no_grad():
-            self.class_embed.weight.copy_(torch.tensor([[8.0, -4.0, -4.0], [-4.0, 8.0, -4.0]]))
-            self.class_embed.bias.zero_()
-        self.register_buffer('quadrant_boxes', torch.tensor([[[0.25, 0.25, 0.5, 0.5],
-                                                      [0.75, 0.25, 0.5, 0.5],
-                                                      [0.25, 0.75, 0.5, 0.5],
-                                                      [0.75, 0.75, 0.5, 0.5]]]))
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        phi = self.pool(x).flatten(2).transpose(1, 2)  # (1, 4, 3)
-        # 0 * phi keeps the boxes an output of the graph that depends on the input.
-        return self.class_embed(phi), self.quadrant_boxes + 0.0 * phi[..., :1]
+quadrants = _load_quadrant_detector()
+write_quadrant_coco = quadrants.write_quadrant_coco
 
 
 @pytest.fixture(scope='module')
 def onnx_model(tmp_path_factory) -> Path:
     pytest.importorskip('onnx', reason='onnx is part of the CPU install')
     pytest.importorskip('onnxruntime', reason='onnxruntime is part of the CPU install')
-    path = tmp_path_factory.mktemp('model') / 'quadrants.onnx'
-    logging.getLogger('torch.onnx').setLevel(logging.ERROR)
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter('ignore')
-        torch.onnx.export(QuadrantDetr().eval(), (torch.rand(1, 3, SIZE, SIZE),), str(path),
-                          dynamo=True, verbose=False, opset_version=18,
-                          input_names=['images'], output_names=['logits', 'boxes'])
-    return path
-
-
-def write_quadrant_coco(root: Path, count: int, seed: int = 0) -> Path:
-    """``count`` images, each quadrant empty (grey) or filled with a class colour up to a
-    2-pixel margin, annotated with the quadrant's box; CVAT's layout."""
-    rng = np.random.default_rng(seed)
-    (root / 'images').mkdir(parents=True)
-    images, annotations = [], []
-    names = list(COLOURS)
-    for i in range(count):
-        pixels = np.full((SIZE, SIZE, 3), 128, np.uint8)
-        for q in range(4):
-            pick = rng.integers(0, 5)
-            if pick >= 3 or (pick == 2 and rng.random() < 0.5):  # blue in 1 of 10 quadrants
-                continue
-            x, y = (q % 2) * HALF, (q // 2) * HALF
-            colour = np.clip(np.array(COLOURS[names[pick]]) + rng.integers(-25, 26, 3), 0, 255)
-            pixels[y + 2:y + HALF - 2, x + 2:x + HALF - 2] = colour
-            annotations.append({'id': len(annotations) + 1, 'image_id': i + 1,
-                                'category_id': int(pick) + 1, 'bbox': [x, y, HALF, HALF],
-                                'area': HALF * HALF, 'iscrowd': 0})
-        name = f'{i:04d}.png'
-        cv2.imwrite(str(root / 'images' / name), pixels[:, :, ::-1])
-        images.append({'id': i + 1, 'file_name': name, 'width': SIZE, 'height': SIZE})
-    path = root / 'annotations' / 'instances_default.json'
-    path.parent.mkdir()
-    path.write_text(json.dumps({'images': images, 'annotations': annotations,
-                                'categories': CATEGORIES}))
-    return path
+    return quadrants.export_onnx(tmp_path_factory.mktemp('model') / 'quadrants.onnx')
 
 
 def fit(capsys, *arguments: str) -> tuple[int, str, str]:
