@@ -32,7 +32,9 @@ node ``detector_node``, ``/**`` or ``/**/detector_node``; the merged values are 
 one parameter file per node whose key matches the node in any namespace.
 
 Bad arguments fail the launch before any process starts, with a message naming the argument:
-an unknown ``backend``, ``model_format``, ``profile`` or ``log_level``, a ``model_path`` / ``gp_path`` /
+an unknown ``backend``, ``model_format``, ``profile`` or ``log_level``, a ``model_path`` of
+the other ``model_format`` (an ONNX file with ``torch``, the default, or a torch archive with
+``onnx``), a ``model_path`` / ``gp_path`` /
 ``dds_profile`` / ``overlay_params`` that is not a file, ``backend:=tensorrt`` without an
 existing ``engine_path``, a non-boolean flag, a negative ``respawn_delay``.
 """
@@ -64,6 +66,8 @@ from launch_ros.events.lifecycle import ChangeState
 from launch_ros.ros_adapters import get_ros_node
 from launch_ros.substitutions import FindPackageShare
 from lifecycle_msgs.msg import Transition
+
+from uq_perception.model_files import model_format_mismatch
 
 BACKENDS = ('onnxruntime', 'pytorch-cpu', 'pytorch-cuda', 'tensorrt')
 MODEL_FORMATS = ('torch', 'onnx')
@@ -287,6 +291,9 @@ def _stack(context: LaunchContext) -> list:
     respawn = _flag(context, 'respawn')
     ask_for_help = _flag(context, 'ask_for_help')
     model_path = _existing_file(context, 'model_path')
+    mismatch = model_format_mismatch(model_path, model_format)
+    if mismatch:
+        raise LaunchArgumentError(f"launch argument 'model_format': {mismatch}")
     gp_path = _existing_file(context, 'gp_path')
     engine_path = ''
     if backend == 'tensorrt':

@@ -19,6 +19,7 @@ from uq_common.str_enum import StrEnum
 from uq_perception.backends import BackendKind, create_backend_with_fallback
 from uq_perception.contract import DetectorContract
 from uq_perception.cuda_graph import CudaOptions, Precision
+from uq_perception.model_files import model_format_mismatch
 from uq_perception.onnx_adapter import OnnxAdapterConfig, OnnxDetector
 from uq_perception.onnx_runtime import ExecutionProvider, parse_provider
 
@@ -149,7 +150,7 @@ def load_model(model_format: ModelFormat | str, model_path: str | Path,
     ------
     ValueError
         On an unknown format, an ONNX model asked to run on another backend than
-        ``onnxruntime``, or an unreadable model file.
+        ``onnxruntime``, an unreadable model file, or an ONNX model given a torch archive.
     uq_perception.onnx_runtime.OnnxRuntimeUnavailableError
         When onnxruntime or the ONNX model's provider is missing.
     """
@@ -162,6 +163,11 @@ def load_model(model_format: ModelFormat | str, model_path: str | Path,
         if runtime.backend is not BackendKind.ONNXRUNTIME:
             raise ValueError(f'an ONNX model runs on backend onnxruntime, not '
                              f'{runtime.backend.value} (choose its device with onnx_provider)')
+        # A torch archive would fail as an unparsable protobuf; say which format it is.
+        # (The torch reader names what it found itself.)
+        mismatch = model_format_mismatch(model_path, model_format.value)
+        if mismatch:
+            raise ValueError(mismatch)
         return LoadedModel(model_format, OnnxDetector(
             model_path, adapter or OnnxAdapterConfig(), runtime.onnx_provider,
             runtime.onnx_threads, runtime.onnx_cache_dir))

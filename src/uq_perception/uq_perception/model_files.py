@@ -10,7 +10,10 @@ The node's ``model_path`` / ``gp_path`` parameters override single files.
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
+
+from uq_common.file_kind import describe_file
 
 PACKAGE = 'uq_perception'
 DETECTOR_FILE = 'detector.pt'
@@ -46,3 +49,23 @@ def default_detector_path() -> Path:
 def default_gp_path() -> Path:
     """The NTK-GP artefact fitted for the shipped detector."""
     return shipped_model_dir() / GP_FILE
+
+
+def model_format_mismatch(path: str | Path, model_format: str) -> str:
+    """Why the file at ``path`` cannot be a model of ``model_format``, judged from its bytes
+    ('' when it may be, or when there is no such file: the readers say that).
+
+    A detector saved by uq_perception (``torch``) is the zip archive ``torch.save`` writes;
+    an ONNX file (``onnx``) is a protobuf message, which is never a zip archive.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return ''
+    archive = zipfile.is_zipfile(path)
+    if model_format == 'onnx' and archive:
+        return (f'model_format onnx reads ONNX files, but {path} is {describe_file(path)}: a '
+                'detector saved by uq_perception needs model_format torch')
+    if model_format == 'torch' and not archive:
+        return (f'model_format torch reads detectors saved by uq_perception (torch.save zip '
+                f'archives), but {path} is not one: an ONNX file needs model_format onnx')
+    return ''
