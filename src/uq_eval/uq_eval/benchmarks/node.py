@@ -12,6 +12,17 @@ frame's answer is in, the same model in this process runs the bare backend call 
 + forward + decode) on the same frame in what is left of its period, so the node overhead is
 a ratio of two figures measured side by side, frame by frame (timed in separate phases,
 the forward pass drifts by as much as the overhead itself; docs/performance.md).
+``frames_lost`` counts the frames sent but never answered; ``node_frames_dropped`` those the
+node's depth-1 queue overwrote at that rate (its diagnostics).
+
+Several backends (``--backend`` repeated) run side by side in one run: one detector node
+per backend, in a namespace of its own (:func:`node_namespace`, :func:`node_name`), all of
+them loaded and answering before any frame is timed. At each rate the frames go in
+``--rounds`` blocks per backend, the backends taking turns block by block on the same
+frames, the order reversed every other round, so load that drifts during the run weighs on
+each alike. After each backend's JSON line comes a comparison line: every figure of
+:data:`COMPARED` over the first backend's (``over_reference``; below 1: faster), and each
+backend's frames sent, answered, lost and dropped.
 
 Three overhead ratios are reported (overhead: latency less the forward pass, over it).
 ``node_overhead_ratio`` is end to end, from the harness's publish call to the answer's
@@ -38,8 +49,9 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -47,6 +59,9 @@ from uq_common.arguments import domain_id, positive_float, positive_int
 
 if TYPE_CHECKING:
     from uq_perception.backends import InferenceBackend
+
+#: Blocks of frames per backend and rate when several backends take turns.
+DEFAULT_ROUNDS = 4
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -61,11 +76,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--rate', type=positive_float, action='append',
                         help='publish rate in Hz (repeatable; default 15)')
     parser.add_argument('--threads', type=positive_int, default=1,
-                        help='torch CPU threads, the same for the node and the bare forward')
-    parser.add_argument('--backend', default=defaults['backend'],
-                        choices=choices['backend'],
-                        help='inference backend of the node and of the bare forward '
-                             '(GPU backends are timed device-synchronised)')
+                        help='CPU threads (torch and ONNX Runtime), the same for the node and '
+                             'the bare forward')
+    parser.add_argument('--backend', action='append', choices=choices['backend'],
+                        help='inference backend of the node and of the bare forward (default '
+                             f'{defaults["backend"]}, the node\'s; GPU backends are timed '
+                             'device-synchronised). Repeat it to run several side by side: '
+                             'one node per backend, taking turns block by block, with each '
+                             'figure\'s ratio to the first backend\'s')
+    parser.add_argument('--rounds', type=positive_int,
+                        help='blocks of frames per backend and rate, the backends taking turns '
+                             f'(default {DEFAULT_ROUNDS} with several backends, else 1; a soak '
+                             'run is one block)')
     parser.add_argument('--engine', default='',
                         help='TensorRT engine from `uq build-engine` (backend tensorrt)')
     parser.add_argument('--width', type=positive_int, default=320, help='image width in pixels')
@@ -166,7 +188,8 @@ def _soak_summary(latencies_ms: np.ndarray, rate_hz: float, rss: list[tuple[floa
 
 def _bare_backend(model_path: str, threads: int, warmup_frames: list[np.ndarray],
                   kind: str = 'pytorch-cpu', engine: str = '') -> InferenceBackend:
-    """The node's backend in this process, warmed up; the allocator setting is the node's."""
+    """The node's backend in this process, warmed up; the allocator setting and the threads
+    (torch and ONNX Runtime) are the node's."""
     import torch
 
     from uq_perception.backends import create_backend
@@ -175,7 +198,8 @@ def _bare_backend(model_path: str, threads: int, warmup_frames: list[np.ndarray]
 
     torch.set_num_threads(threads)
     retain_freed_memory()
-    backend = create_backend(kind, load_detector(model_path), engine_path=engine or None)
+    backend = create_backend(kind, load_detector(model_path), engine_path=engine or None,
+                             onnx_threads=threads)
     for frame in warmup_frames:
         backend.infer(frame, 0.3, 20)
     backend.synchronize()
@@ -188,140 +212,233 @@ def _latency_trend(latencies_ms: np.ndarray) -> float:
     return float(np.median(latencies_ms[-third:]) / np.median(latencies_ms[:third]))
 
 
-def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int,
-              backend: InferenceBackend) -> dict:
-    from diagnostic_msgs.msg import DiagnosticArray
-    from rclpy.executors import SingleThreadedExecutor
-    from rclpy.node import Node
-    from rclpy.qos import QoSProfile, ReliabilityPolicy
-    from rclpy.serialization import serialize_message
-    from rclpy.task import Future
-    from sensor_msgs.msg import Image
+def node_name(backend: str) -> str:
+    """The name of the detector node that runs ``backend`` (one node per backend, each in
+    its own namespace: see :func:`node_namespace`)."""
+    return 'detector_node_' + backend.replace('-', '_')
 
-    from uq_common.image_codec import rgb_to_image_fields
-    from uq_msgs.msg import DetectionArray
 
-    node = Node('uq_bench_node')
-    # Send times on the system clock (ns), the clock of the DDS reception stamps.
-    sent: dict[tuple[int, int], int] = {}
-    # The answer is timed where DDS hands it to this process (its reception stamp), not
-    # when this harness's executor gets round to the callback: that dispatch delay is the
-    # harness's, not the node's (it is reported apart, as harness_dispatch_p50_ms).
-    latencies: dict[tuple[int, int], float] = {}
-    harness_dispatch: list[float] = []
-    # How long this harness's publish call takes (conversion, serialisation, hand-over to
-    # DDS): part of every end-to-end latency, paid by any camera driver, not by the node.
-    harness_publish: list[float] = []
-    inference_ms: list[float] = []
-    forward_ms: list[float] = []
-    answered = threading.Event()
-    # The node's own figures split the end-to-end latency: image transport (DDS source ->
-    # reception stamps), waiting for the executor (reception -> callback), callback ->
-    # DetectionArray published; the rest is the answer's way back to this process.
-    node_report: dict[str, str] = {}
+def node_namespace(backend: str) -> str:
+    """The namespace of the detector node that runs ``backend``: its image and detections
+    topics are apart from every other node's."""
+    return '/uq_bench_' + backend.replace('-', '_')
 
-    def on_detections(msg: DetectionArray, info: dict) -> None:
+
+def block_sizes(count: int, rounds: int) -> list[int]:
+    """``count`` frames in ``rounds`` blocks as equal as can be (the first ones larger)."""
+    base, extra = divmod(count, rounds)
+    return [base + (1 if i < extra else 0) for i in range(rounds)]
+
+
+def turn_order(backends: list[str], round_index: int) -> list[str]:
+    """The backends' order in round ``round_index``: as given, reversed every other round,
+    so a drift of the machine's load weighs on each backend alike."""
+    return list(backends) if round_index % 2 == 0 else list(reversed(backends))
+
+
+@dataclass
+class _Block:
+    """One stretch of frames sent to one detector node, and what came back."""
+
+    sent: dict[tuple[int, int], int] = field(default_factory=dict)  # stamp -> send time, ns
+    latencies: dict[tuple[int, int], float] = field(default_factory=dict)
+    harness_dispatch: list[float] = field(default_factory=list)
+    harness_publish: list[float] = field(default_factory=list)
+    inference_ms: list[float] = field(default_factory=list)
+    forward_ms: list[float] = field(default_factory=list)
+    answered: threading.Event = field(default_factory=threading.Event)
+    elapsed: float = math.nan
+    stream_start: float = math.nan
+
+
+class _DetectorClient:
+    """This harness's side of one detector node: a publisher of frames on the node's image
+    topic, the node's DetectionArrays (timed into the block being recorded) and its
+    diagnostics."""
+
+    def __init__(self, backend: str) -> None:
+        from diagnostic_msgs.msg import DiagnosticArray
+        from rclpy.node import Node
+        from rclpy.qos import QoSProfile, ReliabilityPolicy
+        from sensor_msgs.msg import Image
+
+        from uq_msgs.msg import DetectionArray
+
+        self.backend = backend
+        self.node = Node('uq_bench_node', namespace=node_namespace(backend))
+        self.block: _Block | None = None
+        # The node's own figures split the end-to-end latency: image transport (DDS source
+        # -> reception stamps), waiting for the executor (reception -> callback), callback ->
+        # DetectionArray published; the rest is the answer's way back to this process.
+        self.report: dict[str, str] = {}
+        self._status_name = f'{node_name(backend)}: uncertainty detector'
+        # rclpy passes the message info to a two-argument callback; its annotation omits it.
+        self.node.create_subscription(
+            DetectionArray, 'detections', self._on_detections,  # type: ignore[arg-type]
+            QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+        self.node.create_subscription(DiagnosticArray, '/diagnostics', self._on_diagnostics,
+                                      QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
+        self.publisher = self.node.create_publisher(Image, 'image', QoSProfile(
+            depth=1, reliability=ReliabilityPolicy.BEST_EFFORT))
+
+    def _on_detections(self, msg: Any, info: dict) -> None:
         callback_start = time.time_ns()
+        block = self.block
         key = (msg.header.stamp.sec, msg.header.stamp.nanosec)
-        if key in sent:
-            received = info.get('received_timestamp') or callback_start
-            latencies[key] = (received - sent[key]) * 1e-6
-            harness_dispatch.append((callback_start - received) * 1e-6)
-            inference_ms.append(msg.inference_time_ms)
-            answered.set()
+        if block is None or key not in block.sent:
+            return
+        # The answer is timed where DDS hands it to this process (its reception stamp), not
+        # when this harness's executor gets round to the callback: that dispatch delay is
+        # the harness's, not the node's (reported apart, as harness_dispatch_p50_ms).
+        received = info.get('received_timestamp') or callback_start
+        block.latencies[key] = (received - block.sent[key]) * 1e-6
+        block.harness_dispatch.append((callback_start - received) * 1e-6)
+        block.inference_ms.append(msg.inference_time_ms)
+        block.answered.set()
 
-    def on_diagnostics(msg: DiagnosticArray) -> None:
+    def _on_diagnostics(self, msg: Any) -> None:
         for status in msg.status:
-            if status.name.endswith('uncertainty detector'):
-                node_report.update((kv.key, kv.value) for kv in status.values)
+            if status.name == self._status_name:
+                self.report.update((kv.key, kv.value) for kv in status.values)
 
-    # rclpy passes the message info to a two-argument callback; its annotation omits that.
-    node.create_subscription(DetectionArray, 'detections', on_detections,  # type: ignore[arg-type]
-                             QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
-    node.create_subscription(DiagnosticArray, '/diagnostics', on_diagnostics,
-                             QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
-    publisher = node.create_publisher(Image, 'image', QoSProfile(
-        depth=1, reliability=ReliabilityPolicy.BEST_EFFORT))
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    fields = [rgb_to_image_fields(f) for f in frames]
-    # Warm-up: wait until the node answers at all (discovery, model load).
-    deadline = time.monotonic() + 120
-    warm = 0
-    while not latencies and time.monotonic() < deadline:
-        msg = Image(**fields[0])
-        msg.header.stamp.sec, msg.header.stamp.nanosec = 0, warm
-        sent[(0, warm)] = time.time_ns()
-        publisher.publish(msg)
-        warm += 1
-        executor.spin_once(timeout_sec=0.2)
-    if not latencies:
-        raise RuntimeError('the detector node never answered (is the model path right?)')
-    sent.clear()
-    latencies.clear()
-    inference_ms.clear()
-    harness_dispatch.clear()
-    # Frames go out from their own thread, paced by sleeping, while this thread blocks in
-    # the executor: a spin_once(timeout) loop here would build a timer and a wait set per
-    # call and add its own wake-up delay to every answer it times.
-    period = 1.0 / rate_hz
-    finished = Future()
-    timing: dict[str, float] = {}
 
-    def publish_frames() -> None:
-        try:
-            # A thread's first forward passes are slow (one took 28 ms against 13): they are
-            # run here untimed, not taken as the measure of what fits in a period.
-            for frame in frames[:3]:
-                backend.infer(frame, 0.3, 20)
-            start = time.perf_counter()
-            timing['stream_start'] = time.monotonic()
-            for i in range(count):
-                msg = Image(**fields[i % len(fields)])
-                msg.header.stamp.sec, msg.header.stamp.nanosec = 1 + i, 0
-                # Serialised ahead of its send time, as a camera driver has its frame ready:
-                # the conversion is this harness's work, not the node's (0.17 ms here).
-                serialized = serialize_message(msg)
-                time.sleep(max(0.0, start + i * period - time.perf_counter()))
-                answered.clear()
-                sent[(1 + i, 0)] = time.time_ns()
-                publisher.publish(serialized)
-                harness_publish.append((time.time_ns() - sent[(1 + i, 0)]) * 1e-6)
-                # Once the node has answered, the bare forward on the same frame, when it
-                # fits well before the next frame is due (it must never delay the node's).
-                next_due = start + (i + 1) * period
-                budget = 2e-3 * float(np.median(forward_ms[-10:])) if forward_ms \
-                    else period / 2
-                if answered.wait(max(0.0, next_due - time.perf_counter() - budget)) and \
-                        (1 + i, 0) in latencies and next_due - time.perf_counter() > budget:
-                    begin = time.perf_counter()
-                    backend.infer(frames[i % len(frames)], 0.3, 20)
-                    backend.synchronize()  # a GPU's queued work counts to the forward
-                    forward_ms.append((time.perf_counter() - begin) * 1e3)
-            timing['elapsed'] = time.perf_counter() - start
-            drain = time.perf_counter() + 2.0
-            while time.perf_counter() < drain and len(latencies) < len(sent):
-                time.sleep(0.01)
-        finally:
-            # Also on an error, so the executor below stops waiting.
-            finished.set_result(True)
+class _Harness:
+    """Every detector node's client on one executor, spun by the thread that calls
+    :meth:`await_answer` and :meth:`run_block`, while frames go out from a thread of their
+    own; frame stamps are unique over the whole run."""
 
-    sender = threading.Thread(target=publish_frames, name='uq_bench_frames', daemon=True)
-    sender.start()
-    executor.spin_until_future_complete(finished)
-    sender.join()
-    if 'elapsed' not in timing:
-        raise RuntimeError('publishing the benchmark frames failed (see the error above)')
-    elapsed = timing['elapsed']
-    # One more diagnostics period, so the node's figures cover the whole run.
-    report_until = time.perf_counter() + 1.5
-    while time.perf_counter() < report_until:
-        executor.spin_once(timeout_sec=0.05)
-    executor.shutdown()
-    node.destroy_node()
-    ordered = np.array([latencies[k] for k in sorted(latencies)])
+    def __init__(self, backends: list[str]) -> None:
+        from rclpy.executors import SingleThreadedExecutor
+
+        self.clients = {backend: _DetectorClient(backend) for backend in backends}
+        self.executor = SingleThreadedExecutor()
+        for client in self.clients.values():
+            self.executor.add_node(client.node)
+        self._next_stamp = 1
+
+    def _stamps(self, count: int) -> int:
+        first = self._next_stamp
+        self._next_stamp += count
+        return first
+
+    def await_answer(self, backend: str, frame: np.ndarray, timeout_s: float = 120.0) -> None:
+        """Publish ``frame`` to ``backend``'s node until it answers (discovery, model load)."""
+        from sensor_msgs.msg import Image
+
+        from uq_common.image_codec import rgb_to_image_fields
+
+        client = self.clients[backend]
+        client.block = block = _Block()
+        deadline = time.monotonic() + timeout_s
+        while not block.latencies and time.monotonic() < deadline:
+            msg = Image(**rgb_to_image_fields(frame))
+            msg.header.stamp.sec = self._stamps(1)
+            block.sent[(msg.header.stamp.sec, 0)] = time.time_ns()
+            client.publisher.publish(msg)
+            self.executor.spin_once(timeout_sec=0.2)
+        client.block = None
+        if not block.latencies:
+            raise RuntimeError(f'the detector node of backend {backend} never answered (is '
+                               'the model path right?)')
+
+    def run_block(self, backend: str, rate_hz: float, frames: list[np.ndarray],
+                  first_frame: int, count: int, bare: InferenceBackend) -> _Block:
+        """``count`` frames to ``backend``'s node at ``rate_hz``, each answer timed, and the
+        bare backend call on the same frame where the period leaves room for it."""
+        from rclpy.serialization import serialize_message
+        from rclpy.task import Future
+        from sensor_msgs.msg import Image
+
+        from uq_common.image_codec import rgb_to_image_fields
+
+        client = self.clients[backend]
+        self.await_answer(backend, frames[first_frame % len(frames)])
+        client.block = block = _Block()
+        first_stamp = self._stamps(count)
+        # Frames go out from their own thread, paced by sleeping, while this thread blocks
+        # in the executor: a spin_once(timeout) loop here would build a timer and a wait set
+        # per call and add its own wake-up delay to every answer it times.
+        period = 1.0 / rate_hz
+        finished = Future()
+        forward_ms = block.forward_ms
+
+        def publish_frames() -> None:
+            try:
+                # A thread's first forward passes are slow (one took 28 ms against 13): they
+                # are run here untimed, not taken as the measure of what fits in a period.
+                for frame in frames[:3]:
+                    bare.infer(frame, 0.3, 20)
+                start = time.perf_counter()
+                block.stream_start = time.monotonic()
+                for i in range(count):
+                    index = (first_frame + i) % len(frames)
+                    msg = Image(**rgb_to_image_fields(frames[index]))
+                    key = (first_stamp + i, 0)
+                    msg.header.stamp.sec = key[0]
+                    # Serialised ahead of its send time, as a camera driver has its frame
+                    # ready: the conversion is this harness's work, not the node's.
+                    serialized = serialize_message(msg)
+                    time.sleep(max(0.0, start + i * period - time.perf_counter()))
+                    block.answered.clear()
+                    block.sent[key] = time.time_ns()
+                    client.publisher.publish(serialized)
+                    block.harness_publish.append((time.time_ns() - block.sent[key]) * 1e-6)
+                    # Once the node has answered, the bare forward on the same frame, when
+                    # it fits well before the next frame is due (it must never delay the
+                    # node's).
+                    next_due = start + (i + 1) * period
+                    budget = 2e-3 * float(np.median(forward_ms[-10:])) if forward_ms \
+                        else period / 2
+                    if block.answered.wait(max(0.0, next_due - time.perf_counter() - budget)) \
+                            and key in block.latencies \
+                            and next_due - time.perf_counter() > budget:
+                        begin = time.perf_counter()
+                        bare.infer(frames[index], 0.3, 20)
+                        bare.synchronize()  # a GPU's queued work counts to the forward
+                        forward_ms.append((time.perf_counter() - begin) * 1e3)
+                # The block lasts until its last frame's period ends: the rates of short
+                # blocks are then not counted over one period too few.
+                time.sleep(max(0.0, start + count * period - time.perf_counter()))
+                block.elapsed = time.perf_counter() - start
+                drain = time.perf_counter() + 2.0
+                while time.perf_counter() < drain and len(block.latencies) < len(block.sent):
+                    time.sleep(0.01)
+            finally:
+                # Also on an error, so the executor below stops waiting.
+                finished.set_result(True)
+
+        sender = threading.Thread(target=publish_frames, name='uq_bench_frames', daemon=True)
+        sender.start()
+        self.executor.spin_until_future_complete(finished)
+        sender.join()
+        client.block = None
+        if math.isnan(block.elapsed):
+            raise RuntimeError('publishing the benchmark frames failed (see the error above)')
+        return block
+
+    def collect_reports(self, seconds: float = 1.5) -> None:
+        """Spin for a diagnostics period and more, so each node's figures cover its frames."""
+        until = time.perf_counter() + seconds
+        while time.perf_counter() < until:
+            self.executor.spin_once(timeout_sec=0.05)
+
+    def close(self) -> None:
+        self.executor.shutdown()
+        for client in self.clients.values():
+            client.node.destroy_node()
+
+
+def summarise_blocks(blocks: list[_Block], rate_hz: float, report: dict[str, str],
+                     dropped_before: int) -> dict:
+    """One backend's figures at one rate from its blocks, and its node's diagnostics
+    (``dropped_before``: the node's dropped-frame count before these blocks)."""
+    latencies = [b.latencies[k] for b in blocks for k in sorted(b.latencies)]
+    ordered = np.array(latencies)
+    sent = sum(len(b.sent) for b in blocks)
+    elapsed = sum(b.elapsed for b in blocks)
     if not len(ordered):
-        raise RuntimeError(f'none of the {count} frames at {rate_hz} Hz was answered')
+        raise RuntimeError(f'none of the {sent} frames at {rate_hz} Hz was answered')
+    forward_ms = [f for b in blocks for f in b.forward_ms]
     if len(forward_ms) < len(ordered) / 2:
         # Delivery and latency still stand; the ratios to the bare forward pass do not.
         print(f'[bench node] only {len(forward_ms)} of {len(ordered)} periods at {rate_hz} Hz '
@@ -330,34 +447,39 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int,
         forward_ms = [math.nan]
     forward_p50 = float(np.percentile(forward_ms, 50))
     latency_p50 = float(np.percentile(ordered, 50))
-    node_latency_p50 = float(node_report.get('latency_p50_ms', 'nan'))
-    node_forward_p50 = float(node_report.get('forward_p50_ms', 'nan'))
-    node_overhead_p50 = float(node_report.get('overhead_p50_ms', 'nan'))
+    node_forward_p50 = float(report.get('forward_p50_ms', 'nan'))
+    node_overhead_p50 = float(report.get('overhead_p50_ms', 'nan'))
+    dropped = int(report.get('frames_dropped', -1))
     return {
         'latencies_ms': ordered,
-        'stream_start': timing['stream_start'],
+        'stream_start': blocks[0].stream_start,
         'rate_hz_requested': rate_hz,
-        'rate_hz_published': count / elapsed,
+        'rate_hz_published': sent / elapsed,
         'rate_hz_answered': len(ordered) / elapsed,
-        'frames_sent': count,
+        'frames_sent': sent,
         'frames_answered': len(ordered),
+        'frames_lost': sent - len(ordered),
         'latency_p50_ms': latency_p50,
         'latency_p99_ms': float(np.percentile(ordered, 99)),
         'latency_trend': _latency_trend(ordered),
-        'harness_dispatch_p50_ms': float(np.percentile(harness_dispatch, 50)),
-        'harness_publish_p50_ms': float(np.percentile(harness_publish, 50)),
-        'node_inference_p50_ms': float(np.percentile(inference_ms, 50)),
-        'node_latency_p50_ms': node_latency_p50,
-        'node_latency_p99_ms': float(node_report.get('latency_p99_ms', 'nan')),
-        'node_transport_p50_ms': float(node_report.get('transport_p50_ms', 'nan')),
-        'node_dispatch_p50_ms': float(node_report.get('dispatch_p50_ms', 'nan')),
+        'harness_dispatch_p50_ms': float(np.percentile(
+            [d for b in blocks for d in b.harness_dispatch], 50)),
+        'harness_publish_p50_ms': float(np.percentile(
+            [d for b in blocks for d in b.harness_publish], 50)),
+        'node_inference_p50_ms': float(np.percentile(
+            [d for b in blocks for d in b.inference_ms], 50)),
+        'node_latency_p50_ms': float(report.get('latency_p50_ms', 'nan')),
+        'node_latency_p99_ms': float(report.get('latency_p99_ms', 'nan')),
+        'node_transport_p50_ms': float(report.get('transport_p50_ms', 'nan')),
+        'node_dispatch_p50_ms': float(report.get('dispatch_p50_ms', 'nan')),
         'node_forward_p50_ms': node_forward_p50,
         'node_overhead_p50_ms': node_overhead_p50,
-        'node_overhead_p99_ms': float(node_report.get('overhead_p99_ms', 'nan')),
-        'node_frames_dropped': int(node_report.get('frames_dropped', -1)),
+        'node_overhead_p99_ms': float(report.get('overhead_p99_ms', 'nan')),
+        'node_frames_dropped': dropped - dropped_before if dropped >= 0 else -1,
+        'node_backend': report.get('backend', ''),
         'forward_p50_ms': forward_p50,
         'forward_p99_ms': float(np.percentile(forward_ms, 99)),
-        'forward_samples': len(forward_ms),
+        'forward_samples': len(forward_ms) if not math.isnan(forward_ms[0]) else 0,
         'latency_over_forward': latency_p50 / forward_p50,
         'node_overhead_ratio': (latency_p50 - forward_p50) / forward_p50,
         'end_to_end_over_node_forward_ratio': (latency_p50 - node_forward_p50)
@@ -366,9 +488,65 @@ def _run_rate(rate_hz: float, frames: list[np.ndarray], count: int,
     }
 
 
+#: Figures compared between backends, each as its ratio to the reference backend's.
+COMPARED = ('latency_p50_ms', 'latency_p99_ms', 'node_forward_p50_ms', 'forward_p50_ms')
+
+
+def compare_backends(results: dict[str, dict]) -> dict:
+    """The backends of one rate side by side: for each figure of :data:`COMPARED`, every
+    backend's value over the first backend's (the reference; below 1: faster), and each
+    backend's frames sent, lost and dropped."""
+    reference, *_ = results
+    base = results[reference]
+    return {
+        'reference_backend': reference,
+        'over_reference': {
+            backend: {name.removesuffix('_ms'): result[name] / base[name] for name in COMPARED}
+            for backend, result in results.items() if backend != reference},
+        'figures': {backend: {name: result[name] for name in (
+            *COMPARED, 'frames_sent', 'frames_answered', 'frames_lost', 'node_frames_dropped',
+            'sustained', 'node_backend')} for backend, result in results.items()},
+    }
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        # A loaded machine may take a while to unwind the node's executor and DDS.
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        print('[bench node] a detector node did not stop on SIGTERM; killed it',
+              file=sys.stderr)
+        process.kill()
+        process.wait(timeout=10)
+
+
+def _start_node(args: argparse.Namespace, backend: str, env: dict[str, str]
+                ) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, '-m', 'uq_perception.detector_node', '--ros-args',
+         '-r', f'__node:={node_name(backend)}', '-r', f'__ns:={node_namespace(backend)}',
+         '-p', 'autostart:=true', '-p', f'model_path:={args.model}',
+         '-p', f'gp_path:={args.gp}', '-p', f'torch_threads:={args.threads}',
+         '-p', f'onnx_threads:={args.threads}', '-p', f'backend:={backend}',
+         # rcl cannot parse an empty override ("engine_path:="): pass it only when set.
+         *(['-p', f'engine_path:={args.engine}'] if args.engine else []),
+         '--log-level', 'warn'], env=env)
+
+
 def run(args: argparse.Namespace) -> int:
     import rclpy
 
+    from uq_perception.backends import DEFAULT_CPU_BACKEND
+
+    # The node's default backend when none is given; each backend once.
+    backends = list(dict.fromkeys(args.backend or [DEFAULT_CPU_BACKEND.value]))
+    if args.duration and len(backends) > 1:
+        print('uq bench node: --duration (soak) runs one backend; give one --backend',
+              file=sys.stderr)
+        return 2
+    rounds = 1 if args.duration else args.rounds or (DEFAULT_ROUNDS if len(backends) > 1
+                                                     else 1)
     for path in (args.model, args.gp):
         if not Path(path).is_file():
             print(f'uq bench node: {path} not found', file=sys.stderr)
@@ -377,53 +555,79 @@ def run(args: argparse.Namespace) -> int:
     os.environ['ROS_DOMAIN_ID'] = str(args.domain_id)
     frames = _frames(args.frames, args.height, args.width)
     from uq_perception.backends import BackendUnavailableError
+    from uq_perception.onnx_export import OnnxExportError
+    from uq_perception.onnx_runtime import OnnxRuntimeUnavailableError
 
     try:
-        backend = _bare_backend(args.model, args.threads, frames[:5], args.backend, args.engine)
-    except (BackendUnavailableError, ValueError) as exc:
-        print(f'uq bench node: {exc}', file=sys.stderr)
+        bare = {backend: _bare_backend(args.model, args.threads, frames[:5], backend,
+                                       args.engine) for backend in backends}
+    except (BackendUnavailableError, OnnxRuntimeUnavailableError, OnnxExportError,
+            ValueError) as exc:
+        print(f'uq bench node: {" ".join(str(exc).split())}', file=sys.stderr)
         return 2
-    node_process = subprocess.Popen(
-        [sys.executable, '-m', 'uq_perception.detector_node', '--ros-args',
-         '-p', 'autostart:=true', '-p', f'model_path:={args.model}',
-         '-p', f'gp_path:={args.gp}', '-p', f'torch_threads:={args.threads}',
-         '-p', f'backend:={args.backend}',
-         # rcl cannot parse an empty override ("engine_path:="): pass it only when set.
-         *(['-p', f'engine_path:={args.engine}'] if args.engine else []),
-         '--log-level', 'warn'], env=env)
+    # Started after the bare backends: the onnxruntime node finds the export they cached.
+    processes = {backend: _start_node(args, backend, env) for backend in backends}
     rclpy.init()
+    harness: _Harness | None = None
     try:
+        harness = _Harness(backends)
+        # Every node loaded and answering before any frame is timed.
+        for backend in backends:
+            harness.await_answer(backend, frames[0])
+        dropped_before = dict.fromkeys(backends, 0)
         for rate in args.rate or [15.0]:
             count = int(round(args.duration * rate)) if args.duration else args.frames
-            print(f'[bench node] {count} frames of {args.width}x{args.height} at {rate} Hz ...',
+            print(f'[bench node] {count} frames of {args.width}x{args.height} at {rate} Hz '
+                  f'per backend ({", ".join(backends)}; {rounds} round(s)) ...',
                   file=sys.stderr)
-            sampler = RssSampler(node_process.pid, args.rss_interval) if args.duration else None
-            result = _run_rate(rate, frames, count, backend)
-            latencies = result.pop('latencies_ms')
-            if sampler is not None:
-                result['soak'] = _soak_summary(latencies, rate, sampler.stop(), count,
-                                               result.pop('stream_start'))
-            result.pop('stream_start', None)
-            result |= {
-                'sustained': bool(result['frames_answered'] >= 0.95 * result['frames_sent']
-                                  and result['latency_trend'] < 1.5),
-                'delivered_ratio': result['frames_answered'] / result['frames_sent'],
-                'image_size': f'{args.width}x{args.height}',
-                'fastdds_profile': os.environ.get('FASTRTPS_DEFAULT_PROFILES_FILE'),
-                'torch_threads': args.threads,
-                'backend': args.backend, 'device': backend.device_name,
-                'load_average_1min': os.getloadavg()[0],
-            }
-            print(json.dumps(result), flush=True)
+            sampler = RssSampler(processes[backends[0]].pid, args.rss_interval) \
+                if args.duration else None
+            blocks: dict[str, list[_Block]] = {backend: [] for backend in backends}
+            first_frame = 0
+            for round_index, size in enumerate(block_sizes(count, rounds)):
+                for backend in turn_order(backends, round_index):
+                    if size:
+                        blocks[backend].append(harness.run_block(
+                            backend, rate, frames, first_frame, size, bare[backend]))
+                first_frame += size
+            harness.collect_reports()
+            results = {}
+            for backend in backends:
+                report = harness.clients[backend].report
+                result = summarise_blocks(blocks[backend], rate, report,
+                                          dropped_before[backend])
+                dropped_before[backend] = int(report.get('frames_dropped', 0))
+                latencies = result.pop('latencies_ms')
+                stream_start = result.pop('stream_start')
+                if sampler is not None:
+                    result['soak'] = _soak_summary(latencies, rate, sampler.stop(), count,
+                                                   stream_start)
+                result |= {
+                    'sustained': bool(result['frames_answered'] >= 0.95 * result['frames_sent']
+                                      and result['latency_trend'] < 1.5),
+                    'delivered_ratio': result['frames_answered'] / result['frames_sent'],
+                    'image_size': f'{args.width}x{args.height}',
+                    'fastdds_profile': os.environ.get('FASTRTPS_DEFAULT_PROFILES_FILE'),
+                    'torch_threads': args.threads, 'onnx_threads': args.threads,
+                    'backend': backend, 'device': bare[backend].device_name,
+                    'rounds': rounds,
+                    'load_average_1min': os.getloadavg()[0],
+                }
+                results[backend] = result
+                print(json.dumps(result), flush=True)
+            if len(backends) > 1:
+                print(json.dumps({
+                    'comparison': True, 'rate_hz_requested': rate,
+                    'image_size': f'{args.width}x{args.height}', 'rounds': rounds,
+                    'threads': args.threads, **compare_backends(results),
+                    'load_average_1min': os.getloadavg()[0]}), flush=True)
+    except RuntimeError as exc:
+        print(f'uq bench node: {exc}', file=sys.stderr)
+        return 1
     finally:
-        node_process.terminate()
-        try:
-            # A loaded machine may take a while to unwind the node's executor and DDS.
-            node_process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            print('[bench node] the detector node did not stop on SIGTERM; killed it',
-                  file=sys.stderr)
-            node_process.kill()
-            node_process.wait(timeout=10)
+        if harness is not None:
+            harness.close()
+        for process in processes.values():
+            _stop(process)
         rclpy.try_shutdown()
     return 0
