@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-
 WORKSPACE = Path(__file__).resolve().parent
 # ONNX exports of the shipped model for the onnxruntime backend, built once for every test
 # run of this checkout (a fresh export takes seconds, too long for each node start).
