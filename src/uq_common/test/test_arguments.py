@@ -11,6 +11,7 @@ from uq_common.arguments import (
     domain_id,
     non_negative_float,
     non_negative_int,
+    open_fraction,
     positive_float,
     positive_int,
 )
@@ -22,6 +23,7 @@ from uq_common.arguments import (
     (domain_id, '0', 0), (domain_id, str(MAX_DOMAIN_ID), MAX_DOMAIN_ID),
     (positive_float, '0.25', 0.25), (positive_float, '1e3', 1000.0),
     (non_negative_float, '0', 0.0), (non_negative_float, '2.5', 2.5),
+    (open_fraction, '0.2', 0.2), (open_fraction, '0.999', 0.999),
 ])
 def test_values_in_range_are_parsed(parse, text, value):
     assert parse(text) == value
@@ -36,6 +38,8 @@ def test_values_in_range_are_parsed(parse, text, value):
     (domain_id, '-1', 'a ROS domain id must be 0..232, got -1'),
     (domain_id, '233', 'a ROS domain id must be 0..232, got 233'),
     (positive_float, '0', 'must be > 0, got 0.0'),
+    (open_fraction, '0', 'must be in (0, 1), got 0.0'),
+    (open_fraction, '1', 'must be in (0, 1), got 1.0'),
     (positive_float, 'nan', "expected a finite number, got 'nan'"),
     (positive_float, 'inf', "expected a finite number, got 'inf'"),
     (positive_float, 'fast', "expected a number, got 'fast'"),

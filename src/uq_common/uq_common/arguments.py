@@ -67,3 +67,9 @@ def non_negative_float(text: str) -> float:
     """A finite number >= 0 (delays, offsets, loss weights)."""
     value = _finite_number(text)
     return _checked(value, value >= 0.0, 'must be >= 0')
+
+
+def open_fraction(text: str) -> float:
+    """A number in (0, 1) (shares of a dataset held out for validation)."""
+    value = _finite_number(text)
+    return _checked(value, 0.0 < value < 1.0, 'must be in (0, 1)')

@@ -15,16 +15,15 @@ import json
 import sys
 from pathlib import Path
 
-from uq_common.arguments import non_negative_float, non_negative_int, positive_float, positive_int
+from uq_common.arguments import (
+    non_negative_float,
+    non_negative_int,
+    open_fraction,
+    positive_float,
+    positive_int,
+)
 from uq_perception import training
 from uq_perception.model_files import DETECTOR_FILE, GP_FILE
-
-
-def _fraction(text: str) -> float:
-    value = positive_float(text)
-    if not value < 1.0:
-        raise argparse.ArgumentTypeError(f'must be in (0, 1), got {value}')
-    return value
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              'supercategory is "unknown" or "auxiliary"')
     parser.add_argument('--images', type=Path, default=None,
                         help='folder of the --coco images (default: found beside the JSON)')
-    parser.add_argument('--val-fraction', type=_fraction, default=0.2,
+    parser.add_argument('--val-fraction', type=open_fraction, default=0.2,
                         help='fraction of the --coco images held out for validation')
     parser.add_argument('--split-seed', type=non_negative_int, default=0,
                         help='seed of the --coco train/validation split')

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from uq_common.arguments import non_negative_int, positive_float, positive_int
+from uq_common.arguments import non_negative_int, open_fraction, positive_int
 
 if TYPE_CHECKING:
     from uq_perception.contract import DetectorContract
@@ -54,13 +54,6 @@ _ADAPTER_OPTIONS = {
 }
 
 
-def _fraction(text: str) -> float:
-    value = positive_float(text)
-    if not value < 1.0:
-        raise argparse.ArgumentTypeError(f'must be in (0, 1), got {value}')
-    return value
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     """Fit and calibrate the NTK-GP of a detector (.pt or .onnx) on a COCO dataset."""
     parser.add_argument('--model', type=Path, required=True,
@@ -78,7 +71,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              '--val-fraction of --annotations')
     parser.add_argument('--val-images', type=Path, default=None,
                         help='folder of the --val-annotations images')
-    parser.add_argument('--val-fraction', type=_fraction, default=0.2,
+    parser.add_argument('--val-fraction', type=open_fraction, default=0.2,
                         help='fraction of the images held out for validation')
     parser.add_argument('--seed', type=non_negative_int, default=0,
                         help='seed of the split, of k-means and of the gating choice')
