@@ -32,16 +32,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _export_shipped_model(cache: Path) -> None:
     """Build (or check) the cached ONNX export of the shipped model, so that detector nodes
-    started by the tests find it; without the workspace's packages there is nothing to do."""
+    started by the tests find it; without the workspace's packages there is nothing to do,
+    and an export that cannot run leaves the nodes to fall back to pytorch-cpu, as they do."""
     try:
-        from uq_perception.backends import create_backend
+        from uq_perception.backends import create_backend_with_fallback
         from uq_perception.detector import load_detector
         from uq_perception.model_files import default_detector_path
     except ImportError:
         return
     model_path = default_detector_path()
     if model_path.is_file():
-        create_backend('onnxruntime', load_detector(model_path), onnx_cache_dir=str(cache))
+        create_backend_with_fallback('onnxruntime', load_detector(model_path),
+                                     onnx_cache_dir=str(cache))
 
 
 def _private_context(module_name: str) -> Iterator[Any]:
