@@ -35,9 +35,9 @@ def _export_shipped_model(cache: Path) -> None:
     started by the tests find it; without the workspace's packages there is nothing to do,
     and an export that cannot run leaves the nodes to fall back to pytorch-cpu, as they do."""
     try:
-        from uq_perception.backends import create_backend_with_fallback
-        from uq_perception.detector import load_detector
-        from uq_perception.model_files import default_detector_path
+        from uq_perception.detectors.centernet import load_detector
+        from uq_perception.detectors.model_files import default_detector_path
+        from uq_perception.runtime.backends import create_backend_with_fallback
     except ImportError:
         return
     model_path = default_detector_path()

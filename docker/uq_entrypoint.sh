@@ -40,7 +40,7 @@ export PATH
 tensorrt_problem() {
   python3 - 2>/dev/null <<'PY' || echo "python3 could not check torch-tensorrt"
 try:
-    from uq_perception.backends import BackendUnavailableError, import_torch_tensorrt
+    from uq_perception.runtime.backends import BackendUnavailableError, import_torch_tensorrt
 except Exception as error:  # noqa: BLE001 - whatever stops the check is the reason
     print(f'uq_perception does not load ({type(error).__name__}: {error})'.replace('\n', ' '))
     raise SystemExit(0)

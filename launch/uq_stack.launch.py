@@ -67,7 +67,7 @@ from launch_ros.ros_adapters import get_ros_node
 from launch_ros.substitutions import FindPackageShare
 from lifecycle_msgs.msg import Transition
 
-from uq_perception.model_files import model_format_mismatch
+from uq_perception.detectors.model_files import model_format_mismatch
 
 BACKENDS = ('onnxruntime', 'pytorch-cpu', 'pytorch-cuda', 'tensorrt')
 MODEL_FORMATS = ('torch', 'onnx')

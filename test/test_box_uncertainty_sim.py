@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 from std_msgs.msg import Header
 
-from uq_perception.backends import TorchBackend
-from uq_perception.detection_metrics import box_iou
-from uq_perception.detection_scoring import OPERATING_THRESHOLD
-from uq_perception.detector import load_detector
+from uq_perception.detectors.centernet import load_detector
 from uq_perception.messages import detection_array_message
 from uq_perception.ntk import LastLayerNTKGP
 from uq_perception.perception import UncertaintyPerception
+from uq_perception.runtime.backends import TorchBackend
+from uq_perception.training.detection_metrics import box_iou
+from uq_perception.training.detection_scoring import OPERATING_THRESHOLD
 
 MODELS = Path(__file__).resolve().parents[1] / 'models'
 

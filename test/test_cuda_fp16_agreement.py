@@ -40,13 +40,16 @@ def test_fp16_graph_keeps_the_uncertainty_of_fp32_on_a_sim_split():
     pytest.importorskip('mujoco', reason='the split is rendered with MuJoCo')
     from uq_eval.detector.procedural_unknowns import render_procedural_split
     from uq_eval.detector.scoring import matched_objects, safe_auroc
-    from uq_perception.backends import CudaGraphBackend, create_backend
-    from uq_perception.cuda_graph import CudaOptions, Precision
-    from uq_perception.detection_metrics import box_iou
-    from uq_perception.detection_scoring import OPERATING_MAX_DETECTIONS, OPERATING_THRESHOLD
-    from uq_perception.detector import load_detector
-    from uq_perception.model_files import default_detector_path, default_gp_path
+    from uq_perception.detectors.centernet import load_detector
+    from uq_perception.detectors.model_files import default_detector_path, default_gp_path
     from uq_perception.ntk import LastLayerNTKGP
+    from uq_perception.runtime.backends import CudaGraphBackend, create_backend
+    from uq_perception.runtime.cuda_graph import CudaOptions, Precision
+    from uq_perception.training.detection_metrics import box_iou
+    from uq_perception.training.detection_scoring import (
+        OPERATING_MAX_DETECTIONS,
+        OPERATING_THRESHOLD,
+    )
 
     model = load_detector(default_detector_path())
     gp = LastLayerNTKGP.load(default_gp_path(), feature_dim=model.embedding_dim,

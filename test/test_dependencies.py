@@ -186,6 +186,13 @@ ROS_MODULES = {'rclpy', 'uq_msgs'}
 # The families of the evaluation package; each registers its `uq` subcommands in one
 # ``commands`` module.
 EVAL_SUBPACKAGES = ('bags', 'benchmarks', 'closed_loop', 'detector', 'gp', 'mnist')
+# The perception package by concern: what a detector is, how it runs, the NTK-GP engine, and
+# training (off the robot); the per-frame pipeline and the node stay at the top.
+PERCEPTION_SUBPACKAGES = ('detectors', 'ntk', 'runtime', 'training')
+# The per-frame path starts at the node; nothing it reaches may import these.
+PER_FRAME_ENTRY = 'uq_perception.detector_node'
+OFF_ROBOT = ('uq_perception.training.train',)
+MAX_LOOSE_PERCEPTION_MODULES = 8
 
 
 def module_name(path: Path, package_dir: Path) -> str:
@@ -275,6 +282,49 @@ def test_eval_subpackages_form_no_cycle_and_each_has_one_commands_module():
     assert targets, 'no uq.commands entry points found in uq_eval/setup.py'
     assert {t.rsplit('.', 1)[1] for t in targets} == {'commands'}, targets
     assert {t.split('.')[1] for t in targets} == set(EVAL_SUBPACKAGES)
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Modules ``start`` imports directly or through others, nested imports included."""
+    seen, todo = {start}, [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_perception_is_split_by_concern_without_subpackage_cycles():
+    graph = module_graph(SRC / 'uq_perception')
+    loose = sorted(m for m in graph if m.count('.') == 1
+                   and m.split('.')[1] not in PERCEPTION_SUBPACKAGES)
+    assert len(loose) <= MAX_LOOSE_PERCEPTION_MODULES, f'loose top-level modules: {loose}'
+    missing = [s for s in PERCEPTION_SUBPACKAGES if f'uq_perception.{s}' not in graph]
+    assert missing == [], f'subpackages missing: {missing}'
+    cycle = find_cycle(package_arrows(graph, 2))
+    assert cycle is None, 'subpackage cycle: ' + ' -> '.join(cycle or [])
+
+
+def test_per_frame_path_imports_no_training_and_no_evaluation():
+    package_dir = SRC / 'uq_perception'
+    graph = module_graph(package_dir)
+    path = reachable(graph, PER_FRAME_ENTRY)
+    assert {'uq_perception.perception', 'uq_perception.runtime.loading',
+            'uq_perception.ntk'} <= path, sorted(path)
+    off_robot = sorted(m for m in path if m.startswith(OFF_ROBOT))
+    assert off_robot == [], f'the per-frame path reaches training code: {off_robot}'
+    files = {module_name(p, package_dir): p for p in (package_dir / 'uq_perception').rglob('*.py')}
+    evaluation = sorted(m for m in path if 'uq_eval' in imported_modules(files[m]))
+    assert evaluation == [], f'the per-frame path imports uq_eval: {evaluation}'
+
+
+def test_per_frame_rule_sees_a_planted_training_import():
+    graph = {'p.node': {'p.pipeline'}, 'p.pipeline': {'p.runtime.x'},
+             'p.runtime.x': {'p.training.fit'}, 'p.training.fit': set()}
+    assert 'p.training.fit' in reachable(graph, 'p.node')
+    graph['p.runtime.x'] = set()
+    assert 'p.training.fit' not in reachable(graph, 'p.node')
 
 
 @pytest.mark.parametrize('package', PYTHON_PACKAGES)

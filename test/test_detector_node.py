@@ -40,8 +40,8 @@ from sensor_msgs.msg import CameraInfo, Image
 from uq_common.image_codec import rgb_to_image_fields
 from uq_msgs.msg import DetectionArray
 from uq_msgs.srv import TeachObject
-from uq_perception.detector import CenterNetDetector, save_detector
 from uq_perception.detector_node import DetectorNode
+from uq_perception.detectors.centernet import CenterNetDetector, save_detector
 from uq_perception.duplicate_suppression import DuplicateSuppression
 from uq_perception.ntk import LastLayerNTKGP
 

@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from uq_perception.backends import TorchBackend
-from uq_perception.detection_metrics import box_iou
-from uq_perception.detection_scoring import IOU_THRESHOLD, OPERATING_THRESHOLD
-from uq_perception.detector import load_detector
+from uq_perception.detectors.centernet import load_detector
 from uq_perception.ntk import LastLayerNTKGP
 from uq_perception.perception import FrameResult, UncertaintyPerception
+from uq_perception.runtime.backends import TorchBackend
+from uq_perception.training.detection_metrics import box_iou
+from uq_perception.training.detection_scoring import IOU_THRESHOLD, OPERATING_THRESHOLD
 
 MODELS = Path(__file__).resolve().parents[1] / 'models'
 # A detection on "no object" overlaps every ground-truth box less than this (the

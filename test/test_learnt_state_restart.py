@@ -141,7 +141,7 @@ def client(ros_context) -> Iterator[Client]:
 
 @pytest.mark.slow
 def test_a_taught_class_survives_sigkill_by_default(tmp_path, ros_context, client):
-    from uq_perception.model_files import default_gp_path
+    from uq_perception.detectors.model_files import default_gp_path
     from uq_perception.ntk import LastLayerNTKGP
 
     shipped = LastLayerNTKGP.load(default_gp_path())

@@ -29,7 +29,7 @@ from visualization_msgs.msg import MarkerArray
 
 from uq_common.image_codec import rgb_to_image_fields
 from uq_msgs.msg import AutonomyState, DetectionArray
-from uq_perception.detection_metrics import box_iou
+from uq_perception.training.detection_metrics import box_iou
 
 DOMAIN_ID = 61
 # The node loads torch and the model first; a loaded 2-core machine makes that slow.

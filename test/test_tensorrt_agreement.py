@@ -18,17 +18,17 @@ import numpy as np
 import pytest
 import torch
 
-from uq_perception.backends import (
+from uq_perception.detectors.centernet import load_detector, normalize_images
+from uq_perception.detectors.model_files import default_detector_path, default_gp_path
+from uq_perception.ntk import LastLayerNTKGP
+from uq_perception.runtime.backends import (
     BackendUnavailableError,
     build_tensorrt_engine,
     create_backend,
     import_torch_tensorrt,
 )
-from uq_perception.detection_metrics import box_iou
-from uq_perception.detection_scoring import OPERATING_THRESHOLD
-from uq_perception.detector import load_detector, normalize_images
-from uq_perception.model_files import default_detector_path, default_gp_path
-from uq_perception.ntk import LastLayerNTKGP
+from uq_perception.training.detection_metrics import box_iou
+from uq_perception.training.detection_scoring import OPERATING_THRESHOLD
 
 
 def _why_not_runnable() -> str | None:

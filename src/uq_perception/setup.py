@@ -9,7 +9,8 @@ setup(
     data_files=[
         ('share/ament_index/resource_index/packages', [f'resource/{PACKAGE}']),
         (f'share/{PACKAGE}', ['package.xml']),
-        # The shipped model, found through the ament index in any install (model_files.py).
+        # The shipped model, found through the ament index in any install
+        # (detectors/model_files.py).
         (f'share/{PACKAGE}/models', ['../../models/detector.pt', '../../models/detector_gp.npz',
                                      '../../models/MODEL_CARD.md']),
     ],
@@ -26,7 +27,7 @@ setup(
         # Subcommands of `uq` (uq_common.cli): the name is the command path with dots
         # ("bench.gp" is `uq bench gp`), the value a function that fills an argparse parser.
         'uq.commands': [
-            'build-engine = uq_perception.engine_build:configure',
+            'build-engine = uq_perception.runtime.engine_build:configure',
         ],
     },
 )

@@ -10,28 +10,30 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from uq_autonomy.arbiter import (
+from uq_autonomy.arbiter import Arbiter
+from uq_autonomy.arbiter_config import (
     NO_CALIBRATED_SCORE,
-    Arbiter,
     ArbiterConfig,
-    DetectionSummary,
     DrivingDetection,
     Level,
     ModelRange,
     Thresholds,
     UncertaintySignal,
-    UncertaintyValues,
-    assess_frame,
-    future_stamp_problem,
     model_range_problem,
     signal_problem,
-    stamp_problem,
 )
 from uq_autonomy.arbitration_params import (
     PARAMETERS,
     config_from_values,
     default_values,
     load_parameters_file,
+)
+from uq_autonomy.frame_validity import (
+    DetectionSummary,
+    UncertaintyValues,
+    assess_frame,
+    future_stamp_problem,
+    stamp_problem,
 )
 
 REPO = Path(__file__).resolve().parents[3]

@@ -28,11 +28,11 @@ from uq_autonomy.label_store import (
     LabelStoreLockedError,
     LabelStoreReadOnlyError,
     LabelStoreVersionError,
-    LabelValidationError,
     PendingRequest,
     create_v1_store_for_tests,
     open_for_reading,
 )
+from uq_autonomy.label_validation import LabelValidationError, validate_label
 
 
 def crop(seed: int = 0, h: int = 12, w: int = 16) -> bytes:
@@ -190,11 +190,11 @@ def test_invalid_labels_are_refused_before_writing(store: LabelStore, label: obj
 
 
 def test_valid_labels_are_normalised() -> None:
-    assert ls.validate_label('  coffee   mug ') == 'coffee mug'
-    assert ls.validate_label('Kaffeebecher ü') == 'kaffeebecher ü'
-    assert ls.validate_label('tasse à café') == 'tasse à café'
-    assert ls.validate_label('T-joint (steel) 2/3') == 't-joint (steel) 2/3'
-    assert ls.validate_label('x' * 64) == 'x' * 64
+    assert validate_label('  coffee   mug ') == 'coffee mug'
+    assert validate_label('Kaffeebecher ü') == 'kaffeebecher ü'
+    assert validate_label('tasse à café') == 'tasse à café'
+    assert validate_label('T-joint (steel) 2/3') == 't-joint (steel) 2/3'
+    assert validate_label('x' * 64) == 'x' * 64
 
 
 def test_labels_differing_only_in_case_are_one_answer(store: LabelStore) -> None:

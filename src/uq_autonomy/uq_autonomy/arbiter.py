@@ -40,19 +40,13 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from uq_autonomy.arbiter_config import (
-    NO_CALIBRATED_SCORE,
-    NO_MODEL_FIGURE,
     NUM_LEVELS,
-    RAW_THRESHOLD_REACH,
     TWIST_SIZE,
     ArbiterConfig,
-    DrivingDetection,
     Level,
     ModelRange,
-    Thresholds,
     UncertaintySignal,
     model_range_problem,
-    parse_enum,
     signal_problem,
 )
 from uq_autonomy.frame_validity import (
@@ -60,23 +54,7 @@ from uq_autonomy.frame_validity import (
     Perception,
     UncertaintyValues,
     assess_frame,
-    detection_problem,
-    future_stamp_problem,
-    stamp_problem,
-    too_many_detections,
 )
-
-# The arbiter's public names, including the configuration and frame checks it is built
-# from, so that its users import everything from here.
-__all__ = [
-    'NO_CALIBRATED_SCORE', 'NO_MODEL_FIGURE', 'NUM_LEVELS', 'RAW_THRESHOLD_REACH',
-    'TWIST_SIZE', 'Arbiter', 'ArbiterConfig', 'ArbiterState', 'DetectionSummary',
-    'DrivingDetection', 'Level', 'ModelRange', 'Perception', 'Step', 'Thresholds',
-    'Transition', 'UncertaintySignal', 'UncertaintyValues', 'assess_frame', 'blend_alpha',
-    'command_for_level', 'detection_problem', 'future_stamp_problem', 'limit_command',
-    'model_range_problem', 'parse_enum', 'signal_problem', 'stamp_problem',
-    'too_many_detections',
-]
 
 
 def limit_command(command: NDArray[np.float64], previous: NDArray[np.float64], dt: float,

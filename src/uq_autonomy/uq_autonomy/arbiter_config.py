@@ -332,7 +332,7 @@ def signal_problem(signal: UncertaintySignal, raw_thresholds: str, down: Sequenc
         return (f'uncertainty signal calibrated_score: model {name!r} has no score reference '
                 f'(reference_variance_max {model.reference_variance_max:g}; its '
                 'calibrated_score means nothing); add one with `python -m '
-                'uq_perception.score_reference`, or use gp_variance with thresholds '
+                'uq_perception.training.score_reference`, or use gp_variance with thresholds '
                 'calibrated for this model')
     if signal is UncertaintySignal.GP_VARIANCE and model.has_score_reference:
         reach = RAW_THRESHOLD_REACH * model.reference_variance_max

@@ -60,18 +60,15 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from rclpy.serialization import deserialize_message
 from std_msgs.msg import Int32
 
-from uq_autonomy.arbiter import (
-    Arbiter,
-    ArbiterState,
+from uq_autonomy.arbiter import Arbiter, ArbiterState, Step
+from uq_autonomy.arbiter_config import Level, ModelRange
+from uq_autonomy.arbitration_params import NODE_NAME, PARAMETERS, config_from_values
+from uq_autonomy.frame_validity import (
     DetectionSummary,
-    Level,
-    ModelRange,
-    Step,
     UncertaintyValues,
     stamp_problem,
     too_many_detections,
 )
-from uq_autonomy.arbitration_params import NODE_NAME, PARAMETERS, config_from_values
 from uq_common.node_main import node_argument_parser, run_node
 from uq_common.parameters import declare_parameters, plain_value
 from uq_common.rolling_stats import RollingStats

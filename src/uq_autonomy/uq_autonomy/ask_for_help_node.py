@@ -50,16 +50,16 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from rclpy.validate_topic_name import validate_topic_name
 from sensor_msgs.msg import Image
 
-from uq_autonomy.arbiter import (
+from uq_autonomy.arbiter_config import (
     NO_CALIBRATED_SCORE,
     ArbiterConfig,
     ModelRange,
     UncertaintySignal,
-    future_stamp_problem,
     signal_problem,
 )
 from uq_autonomy.crops import box_in_region, crop_region, cut, encode_png
 from uq_autonomy.follow_up import FollowUpConfig, FollowUpTeacher
+from uq_autonomy.frame_validity import future_stamp_problem
 from uq_autonomy.help_policy import (
     Candidate,
     HelpDecision,
@@ -72,12 +72,10 @@ from uq_autonomy.label_store import (
     LabelRecord,
     LabelStore,
     LabelStoreError,
-    LabelValidationError,
     PendingRequest,
     default_store_path,
-    validate_label,
-    validate_labeler,
 )
+from uq_autonomy.label_validation import LabelValidationError, validate_label, validate_labeler
 from uq_common.image_codec import (
     MAX_IMAGE_PIXELS,
     ImageFormatError,

@@ -50,17 +50,14 @@ from pathlib import Path
 from typing import Any
 
 from uq_autonomy.crops import png_size
-from uq_autonomy.label_store import (
-    AnswerStatus,
-    LabelRecord,
-    LabelStore,
+from uq_autonomy.label_store import AnswerStatus, LabelRecord, LabelStore, format_time
+from uq_autonomy.label_validation import (
+    MAX_CROP_BYTES,
     LabelValidationError,
-    format_time,
     validate_label,
     validate_labeler,
     validate_request_id,
 )
-from uq_autonomy.label_validation import MAX_CROP_BYTES
 from uq_common.json_text import parse_json
 
 IMAGES_DIR = 'images'

@@ -45,9 +45,9 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from uq_autonomy.label_store import (
+from uq_autonomy.label_store import PendingRequest
+from uq_autonomy.label_validation import (
     LabelValidationError,
-    PendingRequest,
     validate_label,
     validate_labeler,
     validate_request_id,

@@ -149,12 +149,8 @@ def configure_import(parser: argparse.ArgumentParser) -> None:
 def run_import(args: argparse.Namespace) -> int:
     """Import the file (all entries or none) and print a summary of what happened."""
     from uq_autonomy.label_coco import import_labels
-    from uq_autonomy.label_store import (
-        LabelStore,
-        LabelStoreError,
-        LabelValidationError,
-        validate_labeler,
-    )
+    from uq_autonomy.label_store import LabelStore, LabelStoreError
+    from uq_autonomy.label_validation import LabelValidationError, validate_labeler
 
     if not args.file.is_file():
         _error(f'{args.file} is not a file')

@@ -18,10 +18,10 @@ from uq_eval.benchmarks.backend import (
     markdown_table,
     summarise,
 )
-from uq_perception.backends import TorchBackend
-from uq_perception.detector import CenterNetDetector
+from uq_perception.detectors.centernet import CenterNetDetector
 from uq_perception.ntk import LastLayerNTKGP
 from uq_perception.perception import UncertaintyPerception
+from uq_perception.runtime.backends import TorchBackend
 
 
 @pytest.mark.parametrize('text, expected', [('640x480', (640, 480)), ('1920X1080', (1920, 1080))])

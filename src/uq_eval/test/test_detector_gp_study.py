@@ -20,8 +20,8 @@ from uq_eval.detector.gp_study import (
     two_layer,
     unknown_set,
 )
-from uq_perception.detector import CenterNetDetector, load_detector
-from uq_perception.training import object_features
+from uq_perception.detectors.centernet import CenterNetDetector, load_detector
+from uq_perception.training.train import object_features
 
 WORKSPACE = Path(__file__).resolve().parents[3]
 MODELS = WORKSPACE / 'models'
@@ -40,7 +40,7 @@ def _embedding_of(model: CenterNetDetector, mlp_input: np.ndarray) -> tuple[np.n
 @pytest.mark.skipif(not (MODELS / 'detector.pt').is_file(),
                     reason='models/detector.pt (the shipped detector) is not in this checkout')
 def test_recorded_layers_belong_to_the_same_detections_as_phi(tmp_path):
-    from uq_perception.detector_data import load_split
+    from uq_perception.training.detector_data import load_split
     from uq_sim.dataset import generate_dataset
 
     generate_dataset(tmp_path, n=20, seed=0, splits=['val', 'test_unknown'], progress=False)

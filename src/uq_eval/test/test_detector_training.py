@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 import torch
 
-from uq_perception.detector import STRIDE, CenterNetDetector, load_detector
-from uq_perception.detector_data import (
+from uq_perception.detectors.centernet import STRIDE, CenterNetDetector, load_detector
+from uq_perception.training.detector_data import (
     OUTLIER_LABEL,
     augment,
     build_targets,
     jitter_boxes,
     load_split,
 )
-from uq_perception.training import (
+from uq_perception.training.train import (
     TrainConfig,
     detection_loss,
     focal_loss,

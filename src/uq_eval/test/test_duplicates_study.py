@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from uq_eval.detector.duplicates_study import SuppressionCounts, count_split, markdown_table
-from uq_perception.detector import Detections
-from uq_perception.detector_data import DetectionSplit
+from uq_perception.detectors.centernet import Detections
 from uq_perception.duplicate_suppression import DuplicateSuppression
+from uq_perception.training.detector_data import DetectionSplit
 
 WORKSPACE = Path(__file__).resolve().parents[3]
 MODELS = WORKSPACE / 'models'

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from uq_common.cli import main as uq
-from uq_perception.model_files import shipped_model_dir
+from uq_perception.detectors.model_files import shipped_model_dir
 from uq_perception.ntk import LastLayerNTKGP
 
 

@@ -22,7 +22,7 @@ from uq_eval.benchmarks.node import (
     node_namespace,
     turn_order,
 )
-from uq_perception.backends import BackendKind
+from uq_perception.runtime.backends import BackendKind
 
 DOMAIN_ID = 100 + (zlib.crc32(b'test_node_benchmark') + os.getpid()) % 100
 

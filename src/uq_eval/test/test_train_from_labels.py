@@ -14,7 +14,7 @@ import pytest
 from uq_autonomy.crops import encode_png
 from uq_autonomy.label_store import LabelStore, PendingRequest
 from uq_common.cli import main as uq
-from uq_perception.detector import load_detector
+from uq_perception.detectors.centernet import load_detector
 from uq_perception.ntk import LastLayerNTKGP
 
 

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from uq_perception.backends import (
+from uq_perception.detectors.centernet import CenterNetDetector
+from uq_perception.runtime.backends import (
     BackendKind,
     BackendUnavailableError,
     TorchBackend,
@@ -13,7 +14,6 @@ from uq_perception.backends import (
     create_backend,
     import_torch_tensorrt,
 )
-from uq_perception.detector import CenterNetDetector
 
 HAS_CUDA = torch.cuda.is_available()
 try:
@@ -79,7 +79,7 @@ def test_tensorrt_engine_builds_with_its_metadata_and_runs(model, tmp_path):
     """Build and load only: this random model's heatmap is nearly flat, so FP16 scores
     tie and their order is arbitrary. Agreement with the CPU is checked on the shipped
     model and rendered frames in test/test_tensorrt_agreement.py."""
-    from uq_perception.backends import check_engine_metadata
+    from uq_perception.runtime.backends import check_engine_metadata
 
     path = build_tensorrt_engine(model, tmp_path / 'detector.ep')
     assert check_engine_metadata(path, model)['input_size'] == [64, 96]
@@ -89,7 +89,7 @@ def test_tensorrt_engine_builds_with_its_metadata_and_runs(model, tmp_path):
 
 
 def test_engine_metadata_names_both_models_when_they_differ(model, tmp_path):
-    from uq_perception.backends import (
+    from uq_perception.runtime.backends import (
         EngineMismatchError,
         check_engine_metadata,
         engine_metadata_path,
@@ -129,14 +129,14 @@ _BROKEN_IMPORT = '''
 import sys
 sys.path.insert(0, sys.argv[1])
 import torch
-from uq_perception.backends import BackendUnavailableError, create_backend
-from uq_perception.detector import CenterNetDetector
+from uq_perception.runtime.backends import BackendUnavailableError, create_backend
+from uq_perception.detectors.centernet import CenterNetDetector
 import numpy as np
 model = CenterNetDetector(['a'], embedding_dim=8, input_size=(64, 96), channels=(8, 8, 8, 8),
                           neck_channels=8, max_candidates=8).eval()
 detections = create_backend('pytorch-cpu', model).infer(np.zeros((64, 96, 3), np.uint8), 0.0, 3)
 print('cpu', len(detections))
-from uq_perception.backends import import_torch_tensorrt
+from uq_perception.runtime.backends import import_torch_tensorrt
 try:
     import_torch_tensorrt()
 except BackendUnavailableError as exc:

@@ -15,18 +15,16 @@ from uq_perception.box_uncertainty import (
     HEAD_COORDINATES,
     box_std,
     cell_size,
-    coverage,
     decode_jacobian,
-    evaluate_box_uncertainty,
-    head_residuals,
 )
-from uq_perception.detector import CenterNetDetector, Detections
+from uq_perception.detectors.centernet import CenterNetDetector, Detections
 from uq_perception.ntk import LastLayerNTKGP, NTKGPConfig
 from uq_perception.ntk.box_calibration import BoxCalibration, fit_box_calibration
 from uq_perception.ntk.config import UncertaintyOutput
 from uq_perception.ntk.persistence import read_state, write_state
 from uq_perception.overlay import MAX_DRAWN, draw_box_band, draw_overlay, render_overlay
 from uq_perception.perception import FrameResult
+from uq_perception.training.box_fit import coverage, evaluate_box_uncertainty, head_residuals
 
 CLASSES = ['a', 'b', 'c']
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from std_msgs.msg import Header
 
-from uq_perception.detector import Detections
+from uq_perception.detectors.centernet import Detections
 from uq_perception.messages import detection_array_message
 from uq_perception.ntk import NO_CALIBRATED_SCORE, LastLayerNTKGP, ScoreReference
 from uq_perception.ntk.persistence import read_state, write_state

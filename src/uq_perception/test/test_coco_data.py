@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 import pytest
 
-from uq_perception.coco_data import (
+from uq_perception.training.coco_data import (
     CategoryRole,
     CocoFormatError,
     category_roles,

@@ -1,4 +1,4 @@
-"""The CUDA path (uq_perception.cuda_graph): its building blocks are plain torch and are
+"""The CUDA path (uq_perception.runtime.cuda_graph): its building blocks are plain torch and are
 tested here on the CPU (preprocessing against OpenCV, the GP buffers and their in-place
 refresh, the captured sequence and its decode against the eager backend); the backend
 itself, its graphs and their fallback run only where CUDA exists."""
@@ -12,15 +12,17 @@ import numpy as np
 import pytest
 import torch
 
-from uq_perception.backends import (
+from uq_perception.detectors.centernet import CenterNetDetector
+from uq_perception.detectors.contract import LinearHead
+from uq_perception.ntk import Gating, LastLayerNTKGP, NTKGPConfig
+from uq_perception.runtime.backends import (
     BackendKind,
     BackendUnavailableError,
     CudaGraphBackend,
     TorchBackend,
     create_backend,
 )
-from uq_perception.contract import LinearHead
-from uq_perception.cuda_graph import (
+from uq_perception.runtime.cuda_graph import (
     GP_COLUMNS,
     CandidateProgram,
     CudaOptions,
@@ -30,8 +32,6 @@ from uq_perception.cuda_graph import (
     parse_precision,
     resize_normalise,
 )
-from uq_perception.detector import CenterNetDetector
-from uq_perception.ntk import Gating, LastLayerNTKGP, NTKGPConfig
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason='CUDA graphs need a CUDA GPU; '
@@ -298,7 +298,7 @@ def test_a_failed_capture_is_logged_and_the_network_runs_eagerly(model, caplog):
 
     backend.runner.program = uncapturable  # type: ignore[assignment]
     image = _frame(*INPUT_SIZE)
-    with caplog.at_level(logging.WARNING, logger='uq_perception.cuda_graph'):
+    with caplog.at_level(logging.WARNING, logger='uq_perception.runtime.cuda_graph'):
         got = backend.infer(image, 0.0, 5)
     assert not backend.runner.graphs_active and 'capture failed' in caplog.text
     expected = TorchBackend(_copy(model), BackendKind.PYTORCH_CUDA).infer(image, 0.0, 5)

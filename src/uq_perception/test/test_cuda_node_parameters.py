@@ -13,17 +13,17 @@ from rclpy.exceptions import InvalidParameterTypeException
 from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.parameter import Parameter
 
-from uq_perception.backends import BackendKind, BackendUnavailableError
-from uq_perception.cuda_graph import CudaOptions, Precision
-from uq_perception.detector_loading import (
+from uq_perception.detector_node import PARAMETERS, DetectorNode
+from uq_perception.detectors.model_files import default_detector_path
+from uq_perception.runtime.backends import BackendKind, BackendUnavailableError
+from uq_perception.runtime.cuda_graph import CudaOptions, Precision
+from uq_perception.runtime.loading import (
     RuntimeSettings,
     cuda_settings,
     load_model,
     runtime_from_parameters,
     start_detector,
 )
-from uq_perception.detector_node import PARAMETERS, DetectorNode
-from uq_perception.model_files import default_detector_path
 
 DEFAULTS = {spec.name: spec.default for spec in PARAMETERS}
 # Every combination that leaves eager FP32 (graph, precision, preprocessing).

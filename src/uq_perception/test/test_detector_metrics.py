@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from uq_perception.detection_metrics import average_precision, box_iou, match_detections
+from uq_perception.training.detection_metrics import average_precision, box_iou, match_detections
 
 
 def test_box_iou_hand_cases():

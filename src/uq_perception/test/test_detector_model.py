@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from uq_perception.detector import (
+from uq_perception.detectors.centernet import (
     STRIDE,
     CenterNetDetector,
     Detections,

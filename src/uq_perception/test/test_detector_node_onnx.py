@@ -25,10 +25,10 @@ from sensor_msgs.msg import Image  # noqa: E402
 
 from uq_common.image_codec import rgb_to_image_fields  # noqa: E402
 from uq_msgs.msg import DetectionArray  # noqa: E402
-from uq_perception.contract import extract_features, gp_head_arguments  # noqa: E402
 from uq_perception.detector_node import DetectorNode  # noqa: E402
+from uq_perception.detectors.contract import extract_features, gp_head_arguments  # noqa: E402
 from uq_perception.ntk import LastLayerNTKGP, NTKGPConfig  # noqa: E402
-from uq_perception.onnx_adapter import OnnxDetector  # noqa: E402
+from uq_perception.runtime.onnx_adapter import OnnxDetector  # noqa: E402
 
 TIMEOUT_S = 30.0
 SIZE = (96, 128)
@@ -113,7 +113,7 @@ def test_onnx_model_needs_the_onnxruntime_backend_and_its_own_gp(ros_context, on
     finally:
         wrong_backend.destroy_node()
     # The shipped GP names another model: refused at configure, not used silently.
-    from uq_perception.model_files import default_gp_path
+    from uq_perception.detectors.model_files import default_gp_path
 
     other_gp = _node(ros_context, path, default_gp_path())
     try:

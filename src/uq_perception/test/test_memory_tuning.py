@@ -6,7 +6,7 @@ import platform
 
 import pytest
 
-from uq_perception.memory_tuning import DEFAULT_THRESHOLD_BYTES, retain_freed_memory
+from uq_perception.runtime.memory_tuning import DEFAULT_THRESHOLD_BYTES, retain_freed_memory
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != 'glibc',

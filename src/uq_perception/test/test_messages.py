@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from std_msgs.msg import Header
 
-from uq_perception.detector import Detections
+from uq_perception.detectors.centernet import Detections
 from uq_perception.messages import DetectionArrayBuilder, detection_array_message
 from uq_perception.ntk import UncertaintyOutput
 from uq_perception.perception import FrameResult

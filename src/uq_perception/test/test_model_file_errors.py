@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from uq_perception.detector import load_detector
+from uq_perception.detectors.centernet import load_detector
 from uq_perception.ntk import LastLayerNTKGP, NTKGPConfig
 from uq_perception.ntk.config import MAX_KMEANS_SAMPLES
 from uq_perception.ntk.persistence import read_state, write_state

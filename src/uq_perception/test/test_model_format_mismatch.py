@@ -1,5 +1,5 @@
 """A model file of the other format is named as such, from its bytes, before a reader fails
-on it: the rule the launch file and the ONNX loading share (uq_perception.model_files)."""
+on it: the rule the launch file and the ONNX loading share (uq_perception.detectors.model_files)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from uq_perception.detector_loading import load_model
-from uq_perception.model_files import default_detector_path, model_format_mismatch
+from uq_perception.detectors.model_files import default_detector_path, model_format_mismatch
+from uq_perception.runtime.loading import load_model
 
 
 @pytest.fixture(scope='module')

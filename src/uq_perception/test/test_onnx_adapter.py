@@ -13,13 +13,13 @@ from torch import nn
 pytest.importorskip('onnx', reason='onnx is part of the CPU install (requirements/app.in)')
 pytest.importorskip('onnxruntime', reason='onnxruntime is part of the CPU install')
 
-from uq_perception.contract import (  # noqa: E402 - after the skips
+from uq_perception.detectors.contract import (  # noqa: E402 - after the skips
     check_linear_head,
     extract_features,
     gp_head_arguments,
 )
 from uq_perception.ntk import LastLayerNTKGP, NTKGPConfig  # noqa: E402
-from uq_perception.onnx_adapter import (  # noqa: E402
+from uq_perception.runtime.onnx_adapter import (  # noqa: E402
     HeadLayout,
     NmsMode,
     OnnxAdapterConfig,
@@ -27,7 +27,7 @@ from uq_perception.onnx_adapter import (  # noqa: E402
     ResizeMode,
     non_max_suppression,
 )
-from uq_perception.onnx_runtime import (  # noqa: E402
+from uq_perception.runtime.onnx_runtime import (  # noqa: E402
     OnnxRunner,
     OnnxRuntimeUnavailableError,
 )

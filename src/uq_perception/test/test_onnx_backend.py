@@ -14,18 +14,21 @@ import torch
 pytest.importorskip('onnx', reason='onnx is part of the CPU install (requirements/app.in)')
 pytest.importorskip('onnxruntime', reason='onnxruntime is part of the CPU install')
 
-from uq_perception import onnx_export, onnx_runtime  # noqa: E402 - after the skips
-from uq_perception.backends import (  # noqa: E402
+from uq_perception.detectors.centernet import CenterNetDetector, load_detector  # noqa: E402
+from uq_perception.detectors.contract import check_linear_head  # noqa: E402
+from uq_perception.ntk import LastLayerNTKGP, NTKGPConfig  # noqa: E402
+from uq_perception.runtime import (
+    onnx_export,  # noqa: E402 - after the skips
+    onnx_runtime,
+)
+from uq_perception.runtime.backends import (  # noqa: E402
     BackendKind,
     OnnxRuntimeBackend,
     TorchBackend,
     create_backend,
     create_backend_with_fallback,
 )
-from uq_perception.contract import check_linear_head  # noqa: E402
-from uq_perception.detector import CenterNetDetector, load_detector  # noqa: E402
-from uq_perception.ntk import LastLayerNTKGP, NTKGPConfig  # noqa: E402
-from uq_perception.onnx_runtime import OnnxRuntimeUnavailableError  # noqa: E402
+from uq_perception.runtime.onnx_runtime import OnnxRuntimeUnavailableError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 SHIPPED = REPO / 'models' / 'detector.pt'

@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 import pytest
 
-from uq_perception.detector import Detections
+from uq_perception.detectors.centernet import Detections
 from uq_perception.ntk.config import UncertaintyOutput
 from uq_perception.overlay import (
     FONT,

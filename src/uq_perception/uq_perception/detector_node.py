@@ -7,7 +7,7 @@ lifecycle publisher, so nothing is published while inactive. The node only adapt
 :class:`uq_perception.perception.UncertaintyPerception`.
 
 The detector is any detector of the contract (docs/detector_contract.md), opened by
-:mod:`uq_perception.detector_loading`: the shipped model on one of its backends
+:mod:`uq_perception.runtime.loading`: the shipped model on one of its backends
 (``onnxruntime`` by default, ``pytorch-cpu`` when its ONNX export cannot run), or an ONNX
 file (``model_format:=onnx``) read by the ONNX adapter with the ``onnx_*`` settings.
 
@@ -91,17 +91,17 @@ from uq_common.parameters import ParameterSpec, declare_parameters, first_invali
 from uq_common.rolling_stats import RollingStats
 from uq_msgs.msg import DetectionArray
 from uq_msgs.srv import TeachObject
-from uq_perception.backends import DEFAULT_CPU_BACKEND, BackendKind
-from uq_perception.cuda_graph import Precision
-from uq_perception.detector_loading import (
+from uq_perception.detectors.model_files import default_detector_path, default_gp_path
+from uq_perception.duplicate_suppression import DuplicateSuppression
+from uq_perception.messages import DetectionArrayBuilder, marker_array_message
+from uq_perception.runtime.backends import DEFAULT_CPU_BACKEND, BackendKind
+from uq_perception.runtime.cuda_graph import Precision
+from uq_perception.runtime.loading import (
     ModelFormat,
     adapter_config_from_parameters,
     runtime_from_parameters,
 )
-from uq_perception.duplicate_suppression import DuplicateSuppression
-from uq_perception.messages import DetectionArrayBuilder, marker_array_message
-from uq_perception.model_files import default_detector_path, default_gp_path
-from uq_perception.onnx_adapter import (
+from uq_perception.runtime.onnx_adapter import (
     BoxFormat,
     ChannelOrder,
     HeadLayout,
@@ -109,7 +109,7 @@ from uq_perception.onnx_adapter import (
     ResizeMode,
     ScoreActivation,
 )
-from uq_perception.onnx_runtime import MAX_THREADS, ExecutionProvider
+from uq_perception.runtime.onnx_runtime import MAX_THREADS, ExecutionProvider
 
 NODE_NAME = 'detector_node'
 _INPUT_SIZE_RULE = 'onnx_input_width and onnx_input_height: both 0 or both set'
@@ -463,10 +463,10 @@ class DetectorNode(LifecycleNode):
         # Heavy imports here, so `--help` and parameter errors answer without torch.
         import torch
 
-        from uq_perception.detector_loading import load_model, start_detector
-        from uq_perception.memory_tuning import retain_freed_memory
         from uq_perception.ntk import LastLayerNTKGP
         from uq_perception.perception import UncertaintyPerception
+        from uq_perception.runtime.loading import load_model, start_detector
+        from uq_perception.runtime.memory_tuning import retain_freed_memory
         from uq_perception.teaching import load_learnt_state
         from uq_perception.tracking import IoUTracker
 

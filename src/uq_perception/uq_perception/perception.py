@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from uq_perception.box_uncertainty import box_std, cell_size
-from uq_perception.contract import Detections, DetectorContract
+from uq_perception.detectors.contract import Detections, DetectorContract
 from uq_perception.duplicate_suppression import DuplicateSuppression
 from uq_perception.ntk import LastLayerNTKGP, UncertaintyOutput
 from uq_perception.tracking import IoUTracker

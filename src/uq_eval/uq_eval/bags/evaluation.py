@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from uq_eval.bags.ground_truth import MAX_BOX_PIXELS
-from uq_perception.detection_metrics import match_detections
+from uq_perception.training.detection_metrics import match_detections
 
 TIME_JUMP_TOLERANCE_S = 1.0
 # Frames waiting for their ground truth (or ground truth for its frame); stamps further
@@ -65,11 +65,11 @@ def load_shipped_perception(torch_threads: int = 1, score_threshold: float = 0.3
     """The detector node's pipeline with the shipped model and the node's defaults."""
     import torch
 
-    from uq_perception.backends import create_backend
-    from uq_perception.detector import load_detector
-    from uq_perception.model_files import default_detector_path, default_gp_path
+    from uq_perception.detectors.centernet import load_detector
+    from uq_perception.detectors.model_files import default_detector_path, default_gp_path
     from uq_perception.ntk import LastLayerNTKGP
     from uq_perception.perception import UncertaintyPerception
+    from uq_perception.runtime.backends import create_backend
     from uq_perception.tracking import IoUTracker
 
     torch.set_num_threads(torch_threads)

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from uq_perception.detection_metrics import average_precision
-from uq_perception.metrics import auroc, ece, reliability_bins
+from uq_perception.training.detection_metrics import average_precision
+from uq_perception.training.metrics import auroc, ece, reliability_bins
 
 LEVEL_NAMES = ('teleoperation', 'guided', 'shared', 'assistance')
 
@@ -243,7 +243,7 @@ def _score_line(metrics: dict) -> str:
     if score['count'] == 0:
         if metrics['detections']:
             return ('- calibrated score: n/a (the model has no score reference; add one with '
-                    '`python -m uq_perception.score_reference`)')
+                    '`python -m uq_perception.training.score_reference`)')
         return '- calibrated score: n/a (no detection)'
     return (f"- calibrated score (share of known validation objects with lower GP variance): "
             f"p50 {_fmt(score['p50'])}, p90 {_fmt(score['p90'])}, p99 {_fmt(score['p99'])}")

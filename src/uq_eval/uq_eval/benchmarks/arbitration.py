@@ -112,7 +112,7 @@ def _fields(config: Any, v: float) -> tuple[float, float, float]:
 
 
 def _summaries(config: Any, values: list[float]) -> list[Any]:
-    from uq_autonomy.arbiter import DetectionSummary
+    from uq_autonomy.frame_validity import DetectionSummary
 
     out = []
     for j, v in enumerate(values):

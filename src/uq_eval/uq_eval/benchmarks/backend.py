@@ -6,7 +6,7 @@ Variants (each skipped, with its reason in the JSON, where the machine cannot ru
 - ``pytorch-cpu``: eager FP32 on the CPU, the baseline of the CPU rows;
 - ``onnxruntime``: the ONNX export on ONNX Runtime's CPU provider;
 - with CUDA: ``pytorch-cuda`` eager FP32 (the baseline of the GPU rows), then CUDA graphs
-  with preprocessing on the GPU in FP32 and in FP16 (``uq_perception.cuda_graph``);
+  with preprocessing on the GPU in FP32 and in FP16 (``uq_perception.runtime.cuda_graph``);
 - ``tensorrt`` when ``--engine`` names an engine built by ``uq build-engine``.
 
 Frames are the rendered tabletop scene of ``uq bench node`` scaled to each size. For every
@@ -42,8 +42,8 @@ import numpy as np
 from uq_common.arguments import non_negative_int, positive_int
 
 if TYPE_CHECKING:
-    from uq_perception.backends import InferenceBackend
     from uq_perception.perception import UncertaintyPerception
+    from uq_perception.runtime.backends import InferenceBackend
 
 #: Camera frame sizes timed besides the model input (width, height).
 CAMERA_SIZES = ((640, 480), (1280, 720), (1920, 1080))
@@ -66,7 +66,7 @@ def frame_size(text: str) -> tuple[int, int]:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Time every backend of this machine at the model input and camera sizes, GP or not."""
-    from uq_perception.model_files import default_detector_path, default_gp_path
+    from uq_perception.detectors.model_files import default_detector_path, default_gp_path
 
     parser.add_argument('--model', default=str(default_detector_path()),
                         help='detector weights')
@@ -104,8 +104,8 @@ def _factories(model_path: str, threads: int, engine: str, gp: Any
     """(label, baseline label, factory) of every variant worth trying on this machine."""
     import torch
 
-    from uq_perception.backends import BackendKind, create_backend
-    from uq_perception.detector import load_detector
+    from uq_perception.detectors.centernet import load_detector
+    from uq_perception.runtime.backends import BackendKind, create_backend
 
     def make(kind: str, **options: Any) -> Callable[[], InferenceBackend]:
         # A fresh model each: backends move their model to their device.
@@ -116,7 +116,7 @@ def _factories(model_path: str, threads: int, engine: str, gp: Any
         variants.append(('onnxruntime', CPU_BASELINE,
                          make('onnxruntime', onnx_threads=threads, gp=gp)))
     if torch.cuda.is_available():
-        from uq_perception.cuda_graph import CudaOptions, Precision
+        from uq_perception.runtime.cuda_graph import CudaOptions, Precision
 
         variants.append((GPU_BASELINE, GPU_BASELINE, make('pytorch-cuda')))
         for precision in Precision:
@@ -230,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from uq_eval.benchmarks.node import _frames
-    from uq_perception.detector import load_detector
+    from uq_perception.detectors.centernet import load_detector
     from uq_perception.ntk import LastLayerNTKGP
 
     for path in (args.model, args.gp):

@@ -158,7 +158,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         times.append(time.perf_counter() - t0)
     update_us = float(np.median(times)) * 1e6
 
-    from uq_perception.detector import CenterNetDetector
+    from uq_perception.detectors.centernet import CenterNetDetector
 
     detector = CenterNetDetector([f'class_{i}' for i in range(c)], embedding_dim=d).eval()
     image = torch.rand(1, 3, 240, 320)

@@ -58,7 +58,7 @@ import numpy as np
 from uq_common.arguments import domain_id, positive_float, positive_int
 
 if TYPE_CHECKING:
-    from uq_perception.backends import InferenceBackend
+    from uq_perception.runtime.backends import InferenceBackend
 
 #: Blocks of frames per backend and rate when several backends take turns.
 DEFAULT_ROUNDS = 4
@@ -192,9 +192,9 @@ def _bare_backend(model_path: str, threads: int, warmup_frames: list[np.ndarray]
     (torch and ONNX Runtime) are the node's."""
     import torch
 
-    from uq_perception.backends import create_backend
-    from uq_perception.detector import load_detector
-    from uq_perception.memory_tuning import retain_freed_memory
+    from uq_perception.detectors.centernet import load_detector
+    from uq_perception.runtime.backends import create_backend
+    from uq_perception.runtime.memory_tuning import retain_freed_memory
 
     torch.set_num_threads(threads)
     retain_freed_memory()
@@ -537,7 +537,7 @@ def _start_node(args: argparse.Namespace, backend: str, env: dict[str, str]
 def run(args: argparse.Namespace) -> int:
     import rclpy
 
-    from uq_perception.backends import DEFAULT_CPU_BACKEND
+    from uq_perception.runtime.backends import DEFAULT_CPU_BACKEND
 
     # The node's default backend when none is given; each backend once.
     backends = list(dict.fromkeys(args.backend or [DEFAULT_CPU_BACKEND.value]))
@@ -554,9 +554,9 @@ def run(args: argparse.Namespace) -> int:
     env = os.environ | {'ROS_DOMAIN_ID': str(args.domain_id)}
     os.environ['ROS_DOMAIN_ID'] = str(args.domain_id)
     frames = _frames(args.frames, args.height, args.width)
-    from uq_perception.backends import BackendUnavailableError
-    from uq_perception.onnx_export import OnnxExportError
-    from uq_perception.onnx_runtime import OnnxRuntimeUnavailableError
+    from uq_perception.runtime.backends import BackendUnavailableError
+    from uq_perception.runtime.onnx_export import OnnxExportError
+    from uq_perception.runtime.onnx_runtime import OnnxRuntimeUnavailableError
 
     try:
         bare = {backend: _bare_backend(args.model, args.threads, frames[:5], backend,

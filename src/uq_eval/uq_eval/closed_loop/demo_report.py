@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from uq_perception.detection_metrics import box_iou
+from uq_perception.training.detection_metrics import box_iou
 
 
 @dataclass

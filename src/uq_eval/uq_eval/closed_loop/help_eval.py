@@ -246,7 +246,7 @@ def run_scenario(recorder: Recorder, scenario: str, duration: float, args: argpa
 
 def ood_threshold() -> float:
     """The shipped GP's OOD threshold (its variance quantile over the training data)."""
-    from uq_perception.model_files import default_gp_path
+    from uq_perception.detectors.model_files import default_gp_path
     from uq_perception.ntk import LastLayerNTKGP
 
     threshold = LastLayerNTKGP.load(default_gp_path()).ood_threshold

@@ -49,7 +49,7 @@ def object_scores(seeds: Sequence[int], fractions: Sequence[float],
                   perception: Any) -> list[dict]:
     """One row per rendered object of every frame: its trial, gripper fraction, role, and,
     when a detection matches it, the class read and the calibrated score (else None)."""
-    from uq_perception.detection_metrics import box_iou
+    from uq_perception.training.detection_metrics import box_iou
     from uq_sim.grasp_task import GRIPPER_HOME, make_trial
     from uq_sim.scene import SceneRenderer
 

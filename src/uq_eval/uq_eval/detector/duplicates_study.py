@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 from uq_common.arguments import positive_int
 
 if TYPE_CHECKING:
-    from uq_perception.detector import Detections
-    from uq_perception.detector_data import DetectionSplit
+    from uq_perception.detectors.centernet import Detections
     from uq_perception.duplicate_suppression import DuplicateSuppression
+    from uq_perception.training.detector_data import DetectionSplit
 
 DEFAULT_SPLITS = ('val', 'test_unknown')
 DEFAULT_SCORE_RATIOS = (0.0, 0.4, 0.5, 0.6, 0.7, 0.8)
@@ -54,8 +54,8 @@ class SuppressionCounts:
 def count_split(name: str, split: DetectionSplit, detections: Sequence[Detections],
                 suppression: DuplicateSuppression) -> SuppressionCounts:
     """Counts of one split's detections before and after ``suppression``."""
-    from uq_perception.detection_metrics import match_detections
-    from uq_perception.detection_scoring import IOU_THRESHOLD
+    from uq_perception.training.detection_metrics import match_detections
+    from uq_perception.training.detection_scoring import IOU_THRESHOLD
 
     total = suppressed = fp_before = fp_after = 0
     found = {'known': 0, 'unknown': 0, 'ignored': 0}
@@ -88,14 +88,14 @@ def study(model_path: Path, data_dir: Path, splits: Sequence[str],
           score_ratios: Sequence[float], max_images: int | None = None
           ) -> list[SuppressionCounts]:
     """Run the detector once per split and count every score ratio's effect."""
-    from uq_perception.detection_scoring import (
+    from uq_perception.detectors.centernet import load_detector
+    from uq_perception.duplicate_suppression import DuplicateSuppression
+    from uq_perception.training.detection_scoring import (
         OPERATING_MAX_DETECTIONS,
         OPERATING_THRESHOLD,
         predict_split,
     )
-    from uq_perception.detector import load_detector
-    from uq_perception.detector_data import load_split
-    from uq_perception.duplicate_suppression import DuplicateSuppression
+    from uq_perception.training.detector_data import load_split
 
     model = load_detector(model_path)
     shipped = DuplicateSuppression()

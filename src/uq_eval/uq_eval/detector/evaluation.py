@@ -21,7 +21,7 @@ Metrics, all on held-out splits at the model's input size:
 - Calibration of the matched known detections (accuracy, ECE, NLL, Brier).
 - **Box-coordinate coverage** (``test``): the share of true box coordinates within +-1 and
   +-2 of the published ``box_std`` of the matched detections, per coordinate and overall
-  (``uq_perception.box_uncertainty``); the same on the unknown objects of
+  (``uq_perception.training.box_fit``); the same on the unknown objects of
   ``test_unknown``.
 - **Latency** of the forward pass at batch 1 after warm-up (p50/p99 ms), and of the
   whole ``detect`` + GP query.
@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from uq_perception.backends import InferenceBackend
-    from uq_perception.detector import CenterNetDetector
-    from uq_perception.detector_data import DetectionSplit
+    from uq_perception.detectors.centernet import CenterNetDetector
     from uq_perception.ntk import LastLayerNTKGP
+    from uq_perception.runtime.backends import InferenceBackend
+    from uq_perception.training.detector_data import DetectionSplit
 
 from uq_common.arguments import positive_int
 from uq_eval.detector.scoring import (
@@ -55,7 +55,7 @@ from uq_eval.detector.scoring import (
     safe_auroc,
     value_spread,
 )
-from uq_perception.detection_scoring import (
+from uq_perception.training.detection_scoring import (
     OPERATING_MAX_DETECTIONS,
     OPERATING_THRESHOLD,
     evaluate_detection,
@@ -70,7 +70,7 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
                          max_detections: int = OPERATING_MAX_DETECTIONS,
                          progress: bool = False) -> dict[str, Any]:
     """Unknown-object recall, OOD and misclassification AUROCs, calibration."""
-    from uq_perception import metrics
+    from uq_perception.training import metrics
 
     result: dict[str, Any] = {'score_threshold': score_threshold}
 
@@ -260,11 +260,11 @@ def evaluate(model_path: Path, gp_path: Path, data: Path, latency_runs: int = 20
     and on ``procedural_unknowns`` generated unknown objects when that is > 0."""
     import torch
 
-    from uq_perception.backends import create_backend
-    from uq_perception.box_uncertainty import evaluate_box_uncertainty
-    from uq_perception.detector import load_detector
-    from uq_perception.detector_data import load_split
+    from uq_perception.detectors.centernet import load_detector
     from uq_perception.ntk import LastLayerNTKGP
+    from uq_perception.runtime.backends import create_backend
+    from uq_perception.training.box_fit import evaluate_box_uncertainty
+    from uq_perception.training.detector_data import load_split
 
     torch.set_num_threads(threads)
     model = load_detector(model_path)
@@ -354,7 +354,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from uq_eval.detector.procedural_unknowns import ood_summary
-    from uq_perception.backends import BackendUnavailableError
+    from uq_perception.runtime.backends import BackendUnavailableError
 
     try:
         report = evaluate(args.model, args.gp, args.data, latency_runs=args.latency_runs,

@@ -34,8 +34,8 @@ import numpy as np
 from uq_common.arguments import positive_int
 
 if TYPE_CHECKING:
-    from uq_perception.detector import CenterNetDetector
-    from uq_perception.detector_data import DetectionSplit
+    from uq_perception.detectors.centernet import CenterNetDetector
+    from uq_perception.training.detector_data import DetectionSplit
 
 Features = dict[str, np.ndarray]
 
@@ -91,12 +91,12 @@ KERNELS: dict[str, Callable[[Features], np.ndarray]] = {
 def unknown_set(model: CenterNetDetector, split: DetectionSplit, progress: bool) -> UnknownSet:
     """Features of the detections that match not-ignored objects, at the operating point."""
     from uq_eval.detector.scoring import matched_objects
-    from uq_perception.detection_scoring import (
+    from uq_perception.training.detection_scoring import (
         OPERATING_MAX_DETECTIONS,
         OPERATING_THRESHOLD,
         predict_split,
     )
-    from uq_perception.training import recorded_embedding_layers
+    from uq_perception.training.train import recorded_embedding_layers
 
     with recorded_embedding_layers(model) as calls:
         dets = predict_split(model, split, OPERATING_THRESHOLD, OPERATING_MAX_DETECTIONS,
@@ -127,7 +127,7 @@ def known_tail(variance: np.ndarray, scored: UnknownSet, share: float = 0.05
     ones.
     """
     from uq_eval.detector.scoring import safe_auroc
-    from uq_perception.detection_scoring import rounded
+    from uq_perception.training.detection_scoring import rounded
 
     known = ~scored.unknown
     if not known.any():
@@ -225,10 +225,10 @@ def study(model_path: Path, gp_path: Path, data: Path, procedural_unknowns: int,
     import torch
 
     from uq_eval.detector.procedural_unknowns import render_procedural_split
-    from uq_perception.detector import load_detector
-    from uq_perception.detector_data import load_split
+    from uq_perception.detectors.centernet import load_detector
     from uq_perception.ntk import LastLayerNTKGP
-    from uq_perception.training import object_features
+    from uq_perception.training.detector_data import load_split
+    from uq_perception.training.train import object_features
 
     torch.set_num_threads(threads)
     started = time.perf_counter()

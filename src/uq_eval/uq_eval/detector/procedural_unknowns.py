@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from uq_perception.detector import CenterNetDetector
-    from uq_perception.detector_data import DetectionSplit
+    from uq_perception.detectors.centernet import CenterNetDetector
     from uq_perception.ntk import LastLayerNTKGP
+    from uq_perception.training.detector_data import DetectionSplit
 
-from uq_perception.detection_scoring import (
+from uq_perception.training.detection_scoring import (
     OPERATING_MAX_DETECTIONS,
     OPERATING_THRESHOLD,
     predict_split,
@@ -44,7 +44,7 @@ def render_procedural_split(count: int, seed: int, input_size: tuple[int, int],
     """
     from tqdm import tqdm
 
-    from uq_perception.detector_data import DetectionSplit
+    from uq_perception.training.detector_data import DetectionSplit
     from uq_sim.objects import KNOWN_CLASSES, PROCEDURAL_CLASSES, category_id
     from uq_sim.procedural_scenes import MAX_PROCEDURAL_OBJECTS, render_procedural_example
     from uq_sim.scene import SceneRenderer

@@ -12,17 +12,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from uq_perception.detector import Detections
-    from uq_perception.detector_data import DetectionSplit
+    from uq_perception.detectors.centernet import Detections
     from uq_perception.ntk import LastLayerNTKGP
+    from uq_perception.training.detector_data import DetectionSplit
 
-from uq_perception.detection_scoring import IOU_THRESHOLD, rounded
+from uq_perception.training.detection_scoring import IOU_THRESHOLD, rounded
 
 
 def matched_objects(split: DetectionSplit, detections: Sequence[Detections]
                      ) -> list[tuple[int, np.ndarray, np.ndarray]]:
     """Per image: (image index, detection indices, matched object indices), not-ignored only."""
-    from uq_perception.detection_metrics import match_detections
+    from uq_perception.training.detection_metrics import match_detections
 
     out = []
     for i, dets in enumerate(detections):
@@ -42,7 +42,7 @@ def value_spread(values: np.ndarray) -> dict[str, float | None] | None:
 
 
 def safe_auroc(scores: np.ndarray, labels: np.ndarray) -> float | None:
-    from uq_perception.metrics import auroc
+    from uq_perception.training.metrics import auroc
 
     if labels.size == 0 or labels.all() or not labels.any():
         return None

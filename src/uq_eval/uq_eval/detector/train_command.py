@@ -22,8 +22,8 @@ from uq_common.arguments import (
     positive_float,
     positive_int,
 )
-from uq_perception import training
-from uq_perception.model_files import DETECTOR_FILE, GP_FILE
+from uq_perception.detectors.model_files import DETECTOR_FILE, GP_FILE
+from uq_perception.training import train as training
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -81,7 +81,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Train (or refit the GP), print the summary; bad data or settings exit 2 with one line."""
-    from uq_perception.detector_data import CocoTrainingData
+    from uq_perception.training.detector_data import CocoTrainingData
 
     try:
         input_size = (args.input_size[0], args.input_size[1])

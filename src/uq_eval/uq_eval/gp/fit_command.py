@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 from uq_common.arguments import non_negative_int, open_fraction, positive_int
 
 if TYPE_CHECKING:
-    from uq_perception.contract import DetectorContract
-    from uq_perception.detector_loading import ModelFormat
+    from uq_perception.detectors.contract import DetectorContract
     from uq_perception.ntk import LastLayerNTKGP
+    from uq_perception.runtime.loading import ModelFormat
 
 
 #: ``--model-format`` choice that reads the format from the file name.
@@ -121,7 +121,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _model_format(args: argparse.Namespace) -> ModelFormat:
-    from uq_perception.detector_loading import ModelFormat
+    from uq_perception.runtime.loading import ModelFormat
 
     if args.model_format != AUTO_FORMAT:
         return ModelFormat(args.model_format)
@@ -144,7 +144,7 @@ def _file_sha256(path: Path) -> str:
 
 def open_detector(args: argparse.Namespace) -> tuple[DetectorContract, dict[str, Any]]:
     """The contract detector ``args`` name, opened as the detector node opens it
-    (:mod:`uq_perception.detector_loading`), and its description for the report.
+    (:mod:`uq_perception.runtime.loading`), and its description for the report.
 
     The shipped format runs on ``pytorch-cpu``, the reference its other backends are
     checked against; an ONNX model on ONNX Runtime with ``--provider``.
@@ -154,19 +154,19 @@ def open_detector(args: argparse.Namespace) -> tuple[DetectorContract, dict[str,
     ValueError
         On a missing or unreadable model, adapter settings for a torch model, or settings
         out of their rules.
-    uq_perception.onnx_runtime.OnnxRuntimeUnavailableError
+    uq_perception.runtime.onnx_runtime.OnnxRuntimeUnavailableError
         When ONNX Runtime or the provider is missing.
     """
     import torch
 
-    from uq_perception.backends import BackendKind
-    from uq_perception.detector_loading import (
+    from uq_perception.runtime.backends import BackendKind
+    from uq_perception.runtime.loading import (
         ModelFormat,
         RuntimeSettings,
         load_model,
         start_detector,
     )
-    from uq_perception.onnx_adapter import OnnxAdapterConfig, OnnxDetector
+    from uq_perception.runtime.onnx_adapter import OnnxAdapterConfig, OnnxDetector
 
     chosen = _model_format(args)
     settings = {field: getattr(args, option) for option, (field, _) in _ADAPTER_OPTIONS.items()
@@ -202,7 +202,7 @@ def _split_label(text: str) -> str:
 
 def _load_data(args: argparse.Namespace, class_names: list[str]) -> dict[str, Any]:
     """Read the COCO file(s), the roles of their categories and the train/val images."""
-    from uq_perception.coco_data import (
+    from uq_perception.training.coco_data import (
         CocoFormatError,
         category_roles,
         read_coco,
@@ -323,8 +323,8 @@ def _summary(out: Path, report_path: Path, report: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     """Fit, calibrate, write; bad input exits 2 with one line and writes nothing."""
     from uq_eval.gp.fitting import FitSettings, fit_detector_gp
-    from uq_perception.onnx_runtime import OnnxRuntimeUnavailableError
-    from uq_perception.training import source_commit
+    from uq_perception.runtime.onnx_runtime import OnnxRuntimeUnavailableError
+    from uq_perception.training.train import source_commit
 
     report_path = args.report if args.report is not None else args.out.with_suffix('.json')
     progress = not args.no_progress

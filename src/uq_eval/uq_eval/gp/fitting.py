@@ -1,7 +1,7 @@
 """Fitting and calibrating the NTK-GP of any contract detector on COCO data (ROS-free).
 
 :func:`fit_detector_gp` (behind ``uq gp fit``) takes a detector of the detector contract
-(:class:`uq_perception.contract.DetectorContract`: the shipped CenterNet, or an ONNX file
+(:class:`uq_perception.detectors.contract.DetectorContract`: the shipped CenterNet, or an ONNX file
 through the ONNX adapter) and the images of a COCO instances file, split into training and
 validation images:
 
@@ -12,7 +12,7 @@ validation images:
    inputs the GP is queried with on the robot. A contract detector gives features only at
    its detections, so objects none finds are counted, not used.
 2. It fits the GP exactly as ``uq train`` fits the shipped one
-   (:func:`uq_perception.training.fit_gp`): the gating chosen on held-out validation NLL,
+   (:func:`uq_perception.training.train.fit_gp`): the gating chosen on held-out validation NLL,
    the probit factor and temperature calibrated on the validation objects, the OOD
    threshold at the configured quantile of their GP variance; then the calibrated score's
    reference from the same validation objects.
@@ -22,7 +22,7 @@ validation images:
    node's operating point.
 
 Objects counted are those annotated as single objects (not ``iscrowd``), not flagged
-occluded, and at least :data:`uq_perception.detector_data.MIN_CLASS_SIDE` pixels on their
+occluded, and at least :data:`uq_perception.training.detector_data.MIN_CLASS_SIDE` pixels on their
 shorter side: what the shipped fit also classifies.
 """
 
@@ -36,16 +36,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from uq_perception.coco_data import CategoryRole, CocoImage, read_image
-from uq_perception.contract import DetectorContract, check_linear_head
-from uq_perception.detection_scoring import (
+from uq_perception.detectors.contract import DetectorContract, check_linear_head
+from uq_perception.training.coco_data import CategoryRole, CocoImage, read_image
+from uq_perception.training.detection_scoring import (
     AP_MAX_DETECTIONS,
     AP_SCORE_THRESHOLD,
     IOU_THRESHOLD,
     OPERATING_MAX_DETECTIONS,
     OPERATING_THRESHOLD,
 )
-from uq_perception.detector_data import MIN_CLASS_SIDE
+from uq_perception.training.detector_data import MIN_CLASS_SIDE
 
 if TYPE_CHECKING:
     from uq_perception.ntk import LastLayerNTKGP
@@ -155,12 +155,12 @@ def collect_objects(detector: DetectorContract, images: Sequence[CocoImage], rol
     ------
     ValueError
         If an image cannot be read or has another size than its annotations state
-        (:class:`~uq_perception.coco_data.CocoFormatError`), or the detector's logits are
+        (:class:`~uq_perception.training.coco_data.CocoFormatError`), or the detector's logits are
         not ``W phi + b`` of its features.
     """
     from tqdm import tqdm
 
-    from uq_perception.detection_metrics import match_detections
+    from uq_perception.training.detection_metrics import match_detections
 
     head = detector.head()
     names = detector.class_names
@@ -275,7 +275,7 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
         Images the GP is fitted on, and images it is calibrated and checked on.
     train_roles, val_roles : Roles
         Role and class index of every category of each file
-        (:func:`uq_perception.coco_data.category_roles` with the detector's classes).
+        (:func:`uq_perception.training.coco_data.category_roles` with the detector's classes).
     reference_split : str
         Provenance of the validation objects, stored with the calibrated score's reference.
     settings : FitSettings
@@ -296,8 +296,8 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
         On unreadable images, a detector that breaks the contract, or too few found known
         objects to fit (:data:`MIN_TRAIN_OBJECTS`) or calibrate (:data:`MIN_VAL_OBJECTS`).
     """
-    from uq_perception.metrics import auroc
-    from uq_perception.training import fit_gp
+    from uq_perception.training.metrics import auroc
+    from uq_perception.training.train import fit_gp
 
     if not train_images or not val_images:
         raise ValueError(f'need training and validation images, got {len(train_images)} and '

@@ -83,7 +83,6 @@ from uq_eval.mnist.laplace import (
     prior_precision,
     restore_laplace,
 )
-from uq_perception import metrics
 from uq_perception.ntk import (
     Gating,
     LastLayerNTKGP,
@@ -91,6 +90,7 @@ from uq_perception.ntk import (
     NTKGPConfig,
     select_feature_map,
 )
+from uq_perception.training import metrics
 
 __all__ = [
     'IN_DISTRIBUTION',
@@ -399,7 +399,8 @@ def one_standard_error_choice(per_image_nll: Mapping[int, NDArray[Any]]
 
 
 def _per_image_nll(probabilities: NDArray[Any], labels: NDArray[Any]) -> NDArray[np.float64]:
-    """``-log p(true class)`` per image, floored as :func:`uq_perception.metrics.nll` does."""
+    """``-log p(true class)`` per image, floored as
+    :func:`uq_perception.training.metrics.nll` does."""
     picked = np.asarray(probabilities, dtype=np.float64)[np.arange(len(labels)), labels]
     return -np.log(np.maximum(picked, 1e-12))
 

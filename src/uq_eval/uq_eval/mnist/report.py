@@ -17,7 +17,7 @@ from uq_eval.mnist.pipeline import (
     Method,
     Score,
 )
-from uq_perception import metrics
+from uq_perception.training import metrics
 
 __all__ = ['markdown_table', 'write_report']
 

@@ -17,7 +17,7 @@ The reference is fixed when the artefact is written. Labels learnt online lower 
 variance near what they teach, so a detection's score falls with them: a taught object
 ends up scored like the known objects. A new fit of the GP (a new posterior) discards the
 reference, which :meth:`LastLayerNTKGP.calibrate_score` computes again from validation data
-(:mod:`uq_perception.score_reference` does it for an artefact on disk).
+(:mod:`uq_perception.training.score_reference` does it for an artefact on disk).
 """
 
 from __future__ import annotations

@@ -876,7 +876,7 @@ class LastLayerNTKGP:
         if model.score_reference is None:
             logger.info('%s has no score reference (written before the calibrated score '
                         'existed): calibrated_score is -1; add one with `python -m '
-                        'uq_perception.score_reference`', path)
+                        'uq_perception.training.score_reference`', path)
         return model
 
     @staticmethod

@@ -1,8 +1,8 @@
 """The one ONNX Runtime runner of the product (ROS-free): sessions on a chosen provider.
 
 Both ONNX paths use it: the ``onnxruntime`` backend of the shipped detector
-(``uq_perception.onnx_export``) and the adapter for users' ONNX detectors
-(``uq_perception.onnx_adapter``). The execution provider is a parameter
+(``uq_perception.runtime.onnx_export``) and the adapter for users' ONNX detectors
+(``uq_perception.runtime.onnx_adapter``). The execution provider is a parameter
 (:class:`ExecutionProvider`): the CPU provider runs everywhere; CUDA and TensorRT need
 the ``onnxruntime-gpu`` build and their libraries. A provider that is not there is one
 clear error line (:class:`OnnxRuntimeUnavailableError`), never a silent CPU fallback.

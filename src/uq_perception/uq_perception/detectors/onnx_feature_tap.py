@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from uq_common.str_enum import StrEnum
-from uq_perception.contract import LinearHead
+from uq_perception.detectors.contract import LinearHead
 
 #: Largest deviation (relative to ``max(1, |value|)``) between a class node's activated
 #: output and the model's class output for the node to count as the class-logit node.

@@ -4,7 +4,7 @@ A split of ``uq sim dataset`` is a directory with ``annotations.json`` (COCO wit
 per-object fields ``occluded``, ``truncated`` and ``visible_fraction``) and the images it
 names; any other COCO instances file (CVAT, Label Studio, FiftyOne, ``uq labels export``)
 is split into training and validation images at random (:class:`CocoTrainingData`). Files
-are read and checked by :mod:`uq_perception.coco_data`. The detector's classes are the
+are read and checked by :mod:`uq_perception.training.coco_data`. The detector's classes are the
 categories that are neither ``unknown`` nor ``auxiliary`` by supercategory (the simulator's
 have supercategory ``known``), in the order of their ids; objects of ``unknown`` categories
 must still be found (objectness) but have no class. ``auxiliary`` ones are training-time
@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from uq_perception.coco_data import (
+from uq_perception.detectors.centernet import STRIDE
+from uq_perception.training.coco_data import (
     CategoryRole,
     CocoDataset,
     category_roles,
@@ -30,7 +31,6 @@ from uq_perception.coco_data import (
     read_image,
     split_indices,
 )
-from uq_perception.detector import STRIDE
 
 # Class target of an auxiliary object: "none of the known classes". -1 means no class
 # target at all (unknown, occluded or tiny objects).
@@ -132,7 +132,7 @@ def split_from_coco(dataset: CocoDataset, name: str, input_size: tuple[int, int]
     Parameters
     ----------
     dataset : CocoDataset
-        From :func:`uq_perception.coco_data.read_coco`.
+        From :func:`uq_perception.training.coco_data.read_coco`.
     name : str
         Name of the split.
     input_size : tuple[int, int]
@@ -146,7 +146,7 @@ def split_from_coco(dataset: CocoDataset, name: str, input_size: tuple[int, int]
     ------
     ValueError
         If an image cannot be read or is not the size the file states
-        (:class:`~uq_perception.coco_data.CocoFormatError`), or the file's classes differ
+        (:class:`~uq_perception.training.coco_data.CocoFormatError`), or the file's classes differ
         from ``class_names``.
     """
     import cv2  # deferred: keeps `uq --help` fast
@@ -226,7 +226,7 @@ class CocoTrainingData:
         The instances JSON.
     images : Path | None
         Folder of its images (None: looked for beside the JSON, see
-        :mod:`uq_perception.coco_data`).
+        :mod:`uq_perception.training.coco_data`).
     val_fraction : float
         Fraction of the images held out for validation, in ``(0, 1)``.
     seed : int
@@ -251,13 +251,13 @@ def load_coco_splits(data: CocoTrainingData, input_size: tuple[int, int] = (240,
     """The training and validation splits of ``data`` at ``input_size``, and the checked file.
 
     Every category is a class unless marked unknown or auxiliary by its supercategory
-    (:func:`uq_perception.coco_data.category_roles`); with ``class_names`` (a trained
+    (:func:`uq_perception.training.coco_data.category_roles`); with ``class_names`` (a trained
     model's) the file's classes must be exactly these.
 
     Raises
     ------
     ValueError
-        On a malformed file or image (:class:`~uq_perception.coco_data.CocoFormatError`),
+        On a malformed file or image (:class:`~uq_perception.training.coco_data.CocoFormatError`),
         fewer than 2 images, or classes that differ from ``class_names``.
     """
     dataset = read_coco(data.annotations, data.images, max_images)

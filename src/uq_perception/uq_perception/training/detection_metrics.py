@@ -3,7 +3,7 @@
 COCO-style evaluation pieces: IoU of centre-size boxes, one-to-one matching of detections
 to ground truth in order of decreasing score (with "ignore" ground truth, like COCO's crowd
 regions), and 101-point interpolated average precision. Uncertainty and calibration
-metrics (AUROC, AUPR, ECE, NLL, Brier) live in :mod:`uq_perception.metrics`.
+metrics (AUROC, AUPR, ECE, NLL, Brier) live in :mod:`uq_perception.training.metrics`.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from uq_common.file_kind import describe_file
-from uq_perception.contract import Detections
+from uq_perception.detectors.contract import Detections
 
 STRIDE = 4
 # The backbone downsamples four times by 2 and the neck upsamples back to stride 4, so

@@ -27,7 +27,7 @@ variance is computed in float32 from them, never in float16.
 The building blocks (:func:`resize_normalise`, :class:`DeviceGP`, :class:`CandidateProgram`,
 :func:`decode_candidates`) are plain torch and run on any device, so their logic is tested
 on the CPU; :class:`GraphRunner` needs CUDA. This module does not import
-``uq_perception.backends``: the backend there builds on it.
+``uq_perception.runtime.backends``: the backend there builds on it.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from uq_perception.candidates import pack_candidates
-from uq_perception.contract import Detections, LinearHead
-from uq_perception.detector import CenterNetDetector, normalize_images
+from uq_perception.detectors.candidates import pack_candidates
+from uq_perception.detectors.centernet import CenterNetDetector, normalize_images
+from uq_perception.detectors.contract import Detections, LinearHead
 from uq_perception.ntk import Gating, gp_variance_torch
 
 if TYPE_CHECKING:

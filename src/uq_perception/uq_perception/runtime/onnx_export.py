@@ -1,9 +1,9 @@
 """The shipped detector as an ONNX file, built once, cached and checked (ROS-free).
 
-The ``onnxruntime`` backend (``uq_perception.backends``) runs the CenterNet network on ONNX
+The ``onnxruntime`` backend (``uq_perception.runtime.backends``) runs the CenterNet network on ONNX
 Runtime. Its ONNX file is exported from the loaded torch model on first start
 (``torch.onnx.export``, the ``torch.export``-based exporter) and cached in the ``onnx``
-folder of :func:`~uq_perception.onnx_runtime.default_cache_dir`, one file per model id,
+folder of :func:`~uq_perception.runtime.onnx_runtime.default_cache_dir`, one file per model id,
 named by the model id and weight digest. The graph takes the resized uint8 image and
 returns the top-K candidates packed as the torch backends pack them (``scores, boxes,
 embeddings, logits``), so the numpy decode and the GP query are shared.
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from uq_perception.onnx_runtime import (
+from uq_perception.runtime.onnx_runtime import (
     ExecutionProvider,
     OnnxRunner,
     OnnxRuntimeUnavailableError,
@@ -45,7 +45,7 @@ from uq_perception.onnx_runtime import (
 if TYPE_CHECKING:
     import torch
 
-    from uq_perception.detector import CenterNetDetector
+    from uq_perception.detectors.centernet import CenterNetDetector
     from uq_perception.ntk import LastLayerNTKGP
 
 EXPORT_FORMAT = 'uq_perception.centernet_onnx'
@@ -102,7 +102,7 @@ class Agreement:
 
 def export_metadata(model: CenterNetDetector) -> dict[str, Any]:
     """What the ONNX file must agree on with the torch model it runs for."""
-    from uq_perception.detector import model_digest
+    from uq_perception.detectors.centernet import model_digest
 
     return {'format': EXPORT_FORMAT, 'version': EXPORT_VERSION,
             'model_id': model.model_id, 'digest': model_digest(model),
@@ -125,8 +125,8 @@ def cached_path(model: CenterNetDetector, cache_dir: str | Path | None = None) -
 def _packed_module(model: CenterNetDetector) -> torch.nn.Module:
     import torch
 
-    from uq_perception.candidates import pack_candidates
-    from uq_perception.detector import normalize_images
+    from uq_perception.detectors.candidates import pack_candidates
+    from uq_perception.detectors.centernet import normalize_images
 
     class PackedCandidates(torch.nn.Module):
         """uint8 ``(1, 3, H, W)`` image -> packed ``(1, K, 1 + 4 + D + C)`` candidates."""
@@ -326,7 +326,7 @@ def prepare_onnx(model: CenterNetDetector, provider: ExecutionProvider | str = '
     OnnxExportError
         If the export fails, or a fresh export disagrees with the torch model beyond the
         tolerances (:class:`OnnxAgreementError`).
-    uq_perception.onnx_runtime.OnnxRuntimeUnavailableError
+    uq_perception.runtime.onnx_runtime.OnnxRuntimeUnavailableError
         If onnxruntime or the provider is missing.
     """
     import_onnxruntime()

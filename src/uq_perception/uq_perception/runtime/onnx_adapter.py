@@ -1,11 +1,11 @@
 """Any ONNX detector with a linear class head as a contract detector (ROS-free).
 
 A user's ONNX file (a YOLO or RT-DETR export, or their own network) runs on ONNX Runtime
-(``uq_perception.onnx_runtime``). The feature tap (``uq_perception.onnx_feature_tap``)
-finds the node(s) making its class logits, by name or for the ``yolo`` and ``detr``
-layouts; the adapter adds each one's input (``phi``) and output (the logits) to the graph
-outputs, so every frame gives boxes, scores, ``phi`` and logits, with ``W`` and ``b`` read
-from the node's weights.
+(``uq_perception.runtime.onnx_runtime``). The feature tap
+(``uq_perception.detectors.onnx_feature_tap``) finds the node(s) making its class logits,
+by name or for the ``yolo`` and ``detr`` layouts; the adapter adds each one's input
+(``phi``) and output (the logits) to the graph outputs, so every frame gives boxes, scores,
+``phi`` and logits, with ``W`` and ``b`` read from the node's weights.
 
 Pre- and post-processing are configurable to match the export (:class:`OnnxAdapterConfig`):
 letterbox or plain resize, channel order, mean/std normalisation, box format, score
@@ -25,14 +25,14 @@ from typing import Any
 import numpy as np
 
 from uq_common.str_enum import StrEnum
-from uq_perception.contract import (
+from uq_perception.detectors.contract import (
     Detections,
     DetectorContract,
     LinearHead,
     check_linear_head,
     check_rgb_image,
 )
-from uq_perception.onnx_feature_tap import (
+from uq_perception.detectors.onnx_feature_tap import (
     FeatureTap,
     HeadLayout,
     ScoreActivation,
@@ -41,7 +41,7 @@ from uq_perception.onnx_feature_tap import (
     infer_types,
     with_outputs,
 )
-from uq_perception.onnx_runtime import ExecutionProvider, OnnxRunner
+from uq_perception.runtime.onnx_runtime import ExecutionProvider, OnnxRunner
 
 #: Most class nodes an explicit setting may name (one per scale of a multi-scale head).
 MAX_CLASS_NODES = 16
@@ -330,14 +330,14 @@ class OnnxDetector(DetectorContract):
         ONNX Runtime execution provider and intra-op threads.
     cache_dir
         Cache folder of the TensorRT provider's engines (default
-        :func:`~uq_perception.onnx_runtime.default_cache_dir`).
+        :func:`~uq_perception.runtime.onnx_runtime.default_cache_dir`).
 
     Raises
     ------
     ValueError
         On a missing or unreadable file, an input that is not ``(1, 3, H, W)``, an unknown
         input size, or no class-logit node (see :func:`find_feature_tap`).
-    uq_perception.onnx_runtime.OnnxRuntimeUnavailableError
+    uq_perception.runtime.onnx_runtime.OnnxRuntimeUnavailableError
         When onnxruntime or the provider is missing.
     """
 

@@ -3,11 +3,11 @@
 The reference (:mod:`uq_perception.ntk.calibrated_score`) is the distribution of GP
 variances of known validation objects. :func:`add_score_reference` computes it for an
 existing detector + GP pair, with the features the training calibrates the OOD threshold
-on (:func:`uq_perception.training.object_embeddings`: matched detections, ground-truth
+on (:func:`uq_perception.training.train.object_embeddings`: matched detections, ground-truth
 boxes for missed objects), and rewrites the GP artefact with it; nothing else in the
 artefact changes. Command line::
 
-    python -m uq_perception.score_reference --model models/detector.pt \\
+    python -m uq_perception.training.score_reference --model models/detector.pt \\
         --gp models/detector_gp.npz --split out/detector_data/val
 
 The validation split alone is needed (``uq sim dataset --splits val`` renders it).
@@ -56,10 +56,10 @@ def add_score_reference(model_path: Path, gp_path: Path, split_dir: Path,
     FileNotFoundError
         If a file or the split is missing.
     """
-    from uq_perception.detector import load_detector
-    from uq_perception.detector_data import load_split
+    from uq_perception.detectors.centernet import load_detector
     from uq_perception.ntk import LastLayerNTKGP
-    from uq_perception.training import object_embeddings
+    from uq_perception.training.detector_data import load_split
+    from uq_perception.training.train import object_embeddings
 
     model = load_detector(model_path)
     gp = LastLayerNTKGP.load(gp_path, feature_dim=model.embedding_dim,
@@ -75,7 +75,7 @@ def add_score_reference(model_path: Path, gp_path: Path, split_dir: Path,
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the calibrated score's reference (validation GP variances) to a GP artefact."""
-    from uq_perception.model_files import default_detector_path, default_gp_path
+    from uq_perception.detectors.model_files import default_detector_path, default_gp_path
 
     parser.add_argument('--model', type=Path, default=default_detector_path(),
                         help='detector weights')
@@ -103,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m uq_perception.score_reference``."""
-    parser = argparse.ArgumentParser(prog='python -m uq_perception.score_reference',
+    """``python -m uq_perception.training.score_reference``."""
+    parser = argparse.ArgumentParser(prog='python -m uq_perception.training.score_reference',
                                      description=(configure.__doc__ or '').strip())
     configure(parser)
     args = parser.parse_args(argv)

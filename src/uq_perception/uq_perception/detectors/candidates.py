@@ -1,8 +1,8 @@
 """The shipped detector's candidate tensors packed into one buffer (ROS-free).
 
 Every backend of the shipped detector returns the top-K candidates of
-:meth:`uq_perception.detector.CenterNetDetector.forward` as one float32 tensor, so a frame
-needs a single device-to-host copy (the full maps never leave the device) and the ONNX
+:meth:`uq_perception.detectors.centernet.CenterNetDetector.forward` as one float32 tensor,
+so a frame needs a single device-to-host copy (the full maps never leave the device) and the ONNX
 export has one output.
 """
 

@@ -3,19 +3,19 @@ PyTorch CUDA, ONNX Runtime, TensorRT.
 
 Every backend turns an RGB image into the detector's candidate tensors (``scores``,
 ``boxes``, ``embeddings``, ``logits``) and lets the detector's numpy ``decode`` cut them to
-:class:`~uq_perception.contract.Detections`, so the uncertainty pipeline is identical
+:class:`~uq_perception.detectors.contract.Detections`, so the uncertainty pipeline is identical
 whatever runs the network. Each backend is a
-:class:`~uq_perception.contract.DetectorContract`: the shipped CenterNet implements the
+:class:`~uq_perception.detectors.contract.DetectorContract`: the shipped CenterNet implements the
 detector contract through them.
 
 The ONNX Runtime backend (``onnxruntime``, the default on the CPU) runs an ONNX export of
 the loaded model, built on first start, cached and checked against the torch model at
-every start (``uq_perception.onnx_export``); :func:`create_backend_with_fallback` runs
+every start (``uq_perception.runtime.onnx_export``); :func:`create_backend_with_fallback` runs
 ``pytorch-cpu`` instead, with the reason, when onnxruntime is missing or the check fails.
 
-``pytorch-cuda`` runs eagerly in FP32 unless :class:`~uq_perception.cuda_graph.CudaOptions`
+``pytorch-cuda`` runs eagerly in FP32 unless :class:`~uq_perception.runtime.cuda_graph.CudaOptions`
 ask for CUDA graphs (the network and the GP variance of every candidate replayed as one
-graph), FP16 or preprocessing on the GPU: :mod:`uq_perception.cuda_graph`.
+graph), FP16 or preprocessing on the GPU: :mod:`uq_perception.runtime.cuda_graph`.
 
 The TensorRT backend runs an engine built on the target by :func:`build_tensorrt_engine`
 (``uq build-engine``) with torch-tensorrt, in FP16. The engine holds only the network: the
@@ -37,14 +37,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from uq_perception.candidates import DECODED_OUTPUTS, pack_candidates
-from uq_perception.contract import DetectorContract, LinearHead, check_rgb_image
-from uq_perception.detector import CenterNetDetector, Detections, normalize_images
-from uq_perception.onnx_runtime import ExecutionProvider, OnnxRuntimeUnavailableError
+from uq_perception.detectors.candidates import DECODED_OUTPUTS, pack_candidates
+from uq_perception.detectors.centernet import CenterNetDetector, Detections, normalize_images
+from uq_perception.detectors.contract import DetectorContract, LinearHead, check_rgb_image
+from uq_perception.runtime.onnx_runtime import ExecutionProvider, OnnxRuntimeUnavailableError
 
 if TYPE_CHECKING:
-    from uq_perception.cuda_graph import CudaOptions
     from uq_perception.ntk import LastLayerNTKGP
+    from uq_perception.runtime.cuda_graph import CudaOptions
 
 #: Precision every engine is built in (``uq build-engine``).
 ENGINE_PRECISION = 'fp16'
@@ -179,8 +179,8 @@ class TorchBackend(InferenceBackend):
 
 
 class CudaGraphBackend(InferenceBackend):
-    """``pytorch-cuda`` with :class:`~uq_perception.cuda_graph.CudaOptions`: CUDA graphs,
-    FP16, preprocessing on the GPU (:class:`uq_perception.cuda_graph.GraphRunner`).
+    """``pytorch-cuda`` with :class:`~uq_perception.runtime.cuda_graph.CudaOptions`: CUDA graphs,
+    FP16, preprocessing on the GPU (:class:`uq_perception.runtime.cuda_graph.GraphRunner`).
 
     Parameters
     ----------
@@ -203,7 +203,7 @@ class CudaGraphBackend(InferenceBackend):
 
     def __init__(self, model: CenterNetDetector, options: CudaOptions,
                  gp: LastLayerNTKGP | None = None) -> None:
-        from uq_perception.cuda_graph import DecodedFrame, GraphRunner
+        from uq_perception.runtime.cuda_graph import DecodedFrame, GraphRunner
 
         if not torch.cuda.is_available():
             raise BackendUnavailableError(
@@ -228,7 +228,7 @@ class CudaGraphBackend(InferenceBackend):
 
     def infer(self, image_rgb: np.ndarray, score_threshold: float,
               max_detections: int) -> Detections:
-        from uq_perception.cuda_graph import decode_candidates
+        from uq_perception.runtime.cuda_graph import decode_candidates
 
         check_rgb_image(image_rgb)
         # The raw frame for the GPU to resize, or the frame resized on the host.
@@ -379,7 +379,7 @@ class TensorRTBackend(InferenceBackend):
 
 
 class OnnxRuntimeBackend(InferenceBackend):
-    """Runs the ONNX export of the model on ONNX Runtime (``uq_perception.onnx_export``).
+    """Runs the ONNX export of the model on ONNX Runtime (``uq_perception.runtime.onnx_export``).
 
     Parameters
     ----------
@@ -390,16 +390,17 @@ class OnnxRuntimeBackend(InferenceBackend):
     threads
         Intra-op CPU threads.
     cache_dir
-        Cache folder of the export (default :func:`uq_perception.onnx_runtime.default_cache_dir`).
+        Cache folder of the export
+        (default :func:`uq_perception.runtime.onnx_runtime.default_cache_dir`).
     gp
         The NTK-GP the detections will be queried with: the check then also compares the GP
         variance of the export's embeddings with the torch model's.
 
     Raises
     ------
-    uq_perception.onnx_runtime.OnnxRuntimeUnavailableError
+    uq_perception.runtime.onnx_runtime.OnnxRuntimeUnavailableError
         When onnxruntime, onnx or the provider is missing.
-    uq_perception.onnx_export.OnnxExportError
+    uq_perception.runtime.onnx_export.OnnxExportError
         When the export fails or disagrees with the torch model.
     """
 
@@ -408,7 +409,7 @@ class OnnxRuntimeBackend(InferenceBackend):
     def __init__(self, model: CenterNetDetector,
                  provider: ExecutionProvider | str = ExecutionProvider.CPU, threads: int = 1,
                  cache_dir: str | Path | None = None, gp: LastLayerNTKGP | None = None) -> None:
-        from uq_perception.onnx_export import INPUT_NAME, OUTPUT_NAME, prepare_onnx
+        from uq_perception.runtime.onnx_export import INPUT_NAME, OUTPUT_NAME, prepare_onnx
 
         super().__init__(model.to('cpu').eval())
         self.prepared = prepare_onnx(self.model, provider, threads, cache_dir, gp)
@@ -450,7 +451,7 @@ def create_backend(kind: BackendKind | str, model: CenterNetDetector,
         Settings of the ``onnxruntime`` backend (see :class:`OnnxRuntimeBackend`).
     cuda
         CUDA graph, precision and GPU preprocessing of ``pytorch-cuda``
-        (:class:`uq_perception.cuda_graph.CudaOptions`); with any of them set, ``gp`` is the
+        (:class:`uq_perception.runtime.cuda_graph.CudaOptions`); with any of them set, ``gp`` is the
         GP whose variance the graph computes. ``None``: eager FP32.
 
     Raises
@@ -460,9 +461,9 @@ def create_backend(kind: BackendKind | str, model: CenterNetDetector,
         another backend than ``pytorch-cuda``.
     BackendUnavailableError
         When the machine cannot run the backend (no CUDA, no torch-tensorrt, no engine).
-    uq_perception.onnx_runtime.OnnxRuntimeUnavailableError
+    uq_perception.runtime.onnx_runtime.OnnxRuntimeUnavailableError
         When ``onnxruntime`` lacks the package or the provider.
-    uq_perception.onnx_export.OnnxExportError
+    uq_perception.runtime.onnx_export.OnnxExportError
         When the ONNX export fails its checks.
     """
     try:
@@ -501,8 +502,8 @@ def create_backend_with_fallback(kind: BackendKind | str, model: CenterNetDetect
         The backend, and why it is not the one asked for ('' when it is): one line for
         the log.
     """
-    from uq_perception.onnx_export import OnnxExportError
-    from uq_perception.onnx_runtime import parse_provider
+    from uq_perception.runtime.onnx_export import OnnxExportError
+    from uq_perception.runtime.onnx_runtime import parse_provider
 
     try:
         return create_backend(kind, model, engine_path, onnx_provider=onnx_provider,

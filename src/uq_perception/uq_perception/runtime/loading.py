@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from uq_common.str_enum import StrEnum
-from uq_perception.backends import BackendKind, create_backend_with_fallback
-from uq_perception.contract import DetectorContract
-from uq_perception.cuda_graph import CudaOptions, Precision
-from uq_perception.model_files import model_format_mismatch
-from uq_perception.onnx_adapter import OnnxAdapterConfig, OnnxDetector
-from uq_perception.onnx_runtime import ExecutionProvider, parse_provider
+from uq_perception.detectors.contract import DetectorContract
+from uq_perception.detectors.model_files import model_format_mismatch
+from uq_perception.runtime.backends import BackendKind, create_backend_with_fallback
+from uq_perception.runtime.cuda_graph import CudaOptions, Precision
+from uq_perception.runtime.onnx_adapter import OnnxAdapterConfig, OnnxDetector
+from uq_perception.runtime.onnx_runtime import ExecutionProvider, parse_provider
 
 if TYPE_CHECKING:
     from uq_perception.ntk import LastLayerNTKGP
@@ -34,7 +34,7 @@ class ModelFormat(StrEnum):
     """What ``model_path`` holds."""
 
     TORCH = 'torch'  # a detector saved by uq_perception (the shipped CenterNet)
-    ONNX = 'onnx'  # any ONNX detector with a linear class head (uq_perception.onnx_adapter)
+    ONNX = 'onnx'  # any ONNX detector with a linear class head (uq_perception.runtime.onnx_adapter)
 
 
 @dataclass(frozen=True)
@@ -44,14 +44,14 @@ class RuntimeSettings:
     Attributes
     ----------
     backend
-        :class:`~uq_perception.backends.BackendKind`; an ONNX model runs on ``onnxruntime``.
+        :class:`~uq_perception.runtime.backends.BackendKind`; an ONNX model runs on ``onnxruntime``.
     engine_path
         TensorRT engine (``tensorrt`` only).
     onnx_provider, onnx_threads
         ONNX Runtime execution provider and intra-op threads.
     onnx_cache_dir
         Cache folder of the shipped model's ONNX export and of ONNX Runtime's TensorRT
-        engines (``None``: :func:`~uq_perception.onnx_runtime.default_cache_dir`).
+        engines (``None``: :func:`~uq_perception.runtime.onnx_runtime.default_cache_dir`).
     cuda
         CUDA graph, precision and GPU preprocessing of ``pytorch-cuda``; anything but the
         eager FP32 defaults is refused for another backend.
@@ -121,8 +121,8 @@ class LoadedModel:
     model_format
         :class:`ModelFormat`.
     network
-        The :class:`~uq_perception.detector.CenterNetDetector` (``torch``), or the
-        :class:`~uq_perception.onnx_adapter.OnnxDetector` (``onnx``, already running).
+        The :class:`~uq_perception.detectors.centernet.CenterNetDetector` (``torch``), or the
+        :class:`~uq_perception.runtime.onnx_adapter.OnnxDetector` (``onnx``, already running).
     """
 
     model_format: ModelFormat
@@ -151,7 +151,7 @@ def load_model(model_format: ModelFormat | str, model_path: str | Path,
     ValueError
         On an unknown format, an ONNX model asked to run on another backend than
         ``onnxruntime``, an unreadable model file, or an ONNX model given a torch archive.
-    uq_perception.onnx_runtime.OnnxRuntimeUnavailableError
+    uq_perception.runtime.onnx_runtime.OnnxRuntimeUnavailableError
         When onnxruntime or the ONNX model's provider is missing.
     """
     try:
@@ -171,7 +171,7 @@ def load_model(model_format: ModelFormat | str, model_path: str | Path,
         return LoadedModel(model_format, OnnxDetector(
             model_path, adapter or OnnxAdapterConfig(), runtime.onnx_provider,
             runtime.onnx_threads, runtime.onnx_cache_dir))
-    from uq_perception.detector import load_detector
+    from uq_perception.detectors.centernet import load_detector
 
     return LoadedModel(model_format, load_detector(model_path))
 
@@ -185,9 +185,9 @@ def start_detector(loaded: LoadedModel, runtime: RuntimeSettings = RuntimeSettin
 
     Raises
     ------
-    uq_perception.backends.BackendUnavailableError
+    uq_perception.runtime.backends.BackendUnavailableError
         When the requested backend cannot run here.
-    uq_perception.onnx_runtime.OnnxRuntimeUnavailableError
+    uq_perception.runtime.onnx_runtime.OnnxRuntimeUnavailableError
         When a requested GPU provider of ONNX Runtime is missing.
     """
     if loaded.model_format is ModelFormat.ONNX:
@@ -232,7 +232,7 @@ def adapter_config_from_parameters(values: Mapping[str, Any]) -> OnnxAdapterConf
 
     ``onnx_input_width`` and ``onnx_input_height`` are both 0 (the model's own input size)
     or both positive; list and name parameters are checked by
-    :class:`~uq_perception.onnx_adapter.OnnxAdapterConfig`'s rules.
+    :class:`~uq_perception.runtime.onnx_adapter.OnnxAdapterConfig`'s rules.
 
     Raises
     ------

@@ -5,8 +5,8 @@ per-detection features ``phi`` of which the class logits are a linear map,
 ``logits = W phi + b``, plus the head ``(W, b)`` and a model identity. The NTK-GP engine
 attaches to ``(phi, W, b)`` (its last-layer kernel needs nothing else), so any network
 that exposes them gets sampling-free uncertainty: the shipped CenterNet through its
-backends (``uq_perception.backends``), an ONNX file through the ONNX adapter
-(``uq_perception.onnx_adapter``). docs/detector_contract.md states the contract and the
+backends (``uq_perception.runtime.backends``), an ONNX file through the ONNX adapter
+(``uq_perception.runtime.onnx_adapter``). docs/detector_contract.md states the contract and the
 message fields it fills.
 
 This module is ROS-free and torch-free.
@@ -95,9 +95,9 @@ class LinearHead:
 class DetectorContract(abc.ABC):
     """A detector as the rest of the product sees it: image in, :class:`Detections` out.
 
-    Implementations: every :class:`uq_perception.backends.InferenceBackend` (the shipped
+    Implementations: every :class:`uq_perception.runtime.backends.InferenceBackend` (the shipped
     CenterNet on PyTorch, ONNX Runtime or TensorRT) and
-    :class:`uq_perception.onnx_adapter.OnnxDetector` (any ONNX file with a linear class
+    :class:`uq_perception.runtime.onnx_adapter.OnnxDetector` (any ONNX file with a linear class
     head).
     """
 

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from uq_perception.detector import CenterNetDetector, Detections
-    from uq_perception.detector_data import DetectionSplit
+    from uq_perception.detectors.centernet import CenterNetDetector, Detections
     from uq_perception.ntk import LastLayerNTKGP
+    from uq_perception.training.detector_data import DetectionSplit
 
 IOU_THRESHOLD = 0.5
 # AP needs the whole precision-recall curve, so it is computed from low-score detections.
@@ -30,7 +30,7 @@ def predict_split(model: CenterNetDetector, split: DetectionSplit, score_thresho
     import torch
     from tqdm import tqdm
 
-    from uq_perception.detector_data import images_to_tensor
+    from uq_perception.training.detector_data import images_to_tensor
 
     was_training = model.training
     model.eval()
@@ -58,7 +58,7 @@ def average_precision_per_class(split: DetectionSplit, detections: Sequence[Dete
                                 gp: LastLayerNTKGP | None = None,
                                 ignore_hard: bool = True) -> dict[str, float]:
     """AP@0.5 of every known class over a split (see the module docstring)."""
-    from uq_perception.detection_metrics import average_precision, match_detections
+    from uq_perception.training.detection_metrics import average_precision, match_detections
 
     num_classes = len(split.class_names)
     scores: list[list[float]] = [[] for _ in range(num_classes)]

@@ -11,18 +11,18 @@ import sys
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Build a TensorRT engine (FP16) of the detector network on this machine's NVIDIA GPU."""
-    from uq_perception.detector_node import PARAMETERS
+    from uq_perception.detectors.model_files import default_detector_path
 
-    defaults = {spec.name: spec.default for spec in PARAMETERS}
-    parser.add_argument('--model', default=defaults['model_path'], help='detector weights')
+    parser.add_argument('--model', default=str(default_detector_path()),
+                        help='detector weights')
     parser.add_argument('--out', default='build/detector_trt.ep',
                         help='engine file to write (built artefact: never commit it)')
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from uq_perception.backends import BackendUnavailableError, build_tensorrt_engine
-    from uq_perception.detector import load_detector
+    from uq_perception.detectors.centernet import load_detector
+    from uq_perception.runtime.backends import BackendUnavailableError, build_tensorrt_engine
 
     try:
         path = build_tensorrt_engine(load_detector(args.model), args.out)

@@ -2,7 +2,7 @@
 
 :func:`run_training` (behind ``uq train --data DIR --out models/``) trains the detector on
 ``DIR/train`` (CPU, fixed seed), or on the training part of a COCO instances file
-(:class:`~uq_perception.detector_data.CocoTrainingData`, ``uq train --coco FILE``), checks
+(:class:`~uq_perception.training.detector_data.CocoTrainingData`, ``uq train --coco FILE``), checks
 it on the validation split, extracts the embeddings of the
 known objects of ``DIR/train`` (from the detections that find them, as at inference), fits
 the last-layer NTK-GP on the classification head, chooses the gating (number of experts)
@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from uq_perception.model_files import DETECTOR_FILE, GP_FILE
+from uq_perception.detectors.model_files import DETECTOR_FILE, GP_FILE
 
 if TYPE_CHECKING:
     import torch
 
-    from uq_perception.contract import LinearHead
-    from uq_perception.detector import CenterNetDetector
-    from uq_perception.detector_data import CocoTrainingData, DetectionSplit, Targets
+    from uq_perception.detectors.centernet import CenterNetDetector
+    from uq_perception.detectors.contract import LinearHead
     from uq_perception.ntk import LastLayerNTKGP
+    from uq_perception.training.detector_data import CocoTrainingData, DetectionSplit, Targets
 
 # Validation NLLs closer than this count as equal; the gating with fewer experts wins.
 NLL_TIE = 1e-3
@@ -81,7 +81,7 @@ class TrainConfig:
         scale.
     box_jitter : bool
         Read the training embeddings inside randomly perturbed ground-truth boxes (see
-        :func:`uq_perception.detector_data.jitter_boxes`).
+        :func:`uq_perception.training.detector_data.jitter_boxes`).
     seed : int
         Seed of initialisation, shuffling and augmentation.
     threads : int
@@ -166,8 +166,8 @@ def detection_loss(model: CenterNetDetector, maps: dict[str, torch.Tensor], targ
     import torch
     import torch.nn.functional as F
 
-    from uq_perception.detector import gather_cells
-    from uq_perception.detector_data import OUTLIER_LABEL
+    from uq_perception.detectors.centernet import gather_cells
+    from uq_perception.training.detector_data import OUTLIER_LABEL
 
     heat = focal_loss(maps['heatmap_logits'], targets.heatmap)
     mask = targets.mask.unsqueeze(2)
@@ -227,8 +227,8 @@ def train_detector(train: DetectionSplit, config: TrainConfig, progress: bool = 
     import torch
     from tqdm import tqdm
 
-    from uq_perception.detector import STRIDE, CenterNetDetector
-    from uq_perception.detector_data import augment, build_targets, jitter_boxes
+    from uq_perception.detectors.centernet import STRIDE, CenterNetDetector
+    from uq_perception.training.detector_data import augment, build_targets, jitter_boxes
 
     if len(train) == 0:
         raise ValueError('the training split has no images')
@@ -343,13 +343,13 @@ def object_features(model: CenterNetDetector, split: DetectionSplit,
     import torch
     from tqdm import tqdm
 
-    from uq_perception.detection_metrics import match_detections
-    from uq_perception.detection_scoring import (
+    from uq_perception.training.detection_metrics import match_detections
+    from uq_perception.training.detection_scoring import (
         AP_MAX_DETECTIONS,
         AP_SCORE_THRESHOLD,
         IOU_THRESHOLD,
     )
-    from uq_perception.detector_data import build_targets, images_to_tensor
+    from uq_perception.training.detector_data import build_targets, images_to_tensor
 
     names = ('phi',) + (EMBEDDING_LAYERS if with_layers else ())
     features: dict[str, list[np.ndarray]] = {name: [] for name in names}
@@ -451,8 +451,8 @@ def fit_gp(head: LinearHead, class_names: Sequence[str], model_id: str,
     reference_split : str
         Name of the validation data, recorded as the score reference's provenance.
     """
-    from uq_perception.metrics import nll
     from uq_perception.ntk import Gating, LastLayerNTKGP, NTKGPConfig
+    from uq_perception.training.metrics import nll
 
     if len(val_labels) < 4:
         raise ValueError('need at least 4 validation objects to choose the GP gating')
@@ -516,7 +516,7 @@ def linear_head(model: CenterNetDetector) -> LinearHead:
     """The detector's classification head as the contract states it (``W``, ``b``)."""
     import torch
 
-    from uq_perception.contract import LinearHead
+    from uq_perception.detectors.contract import LinearHead
 
     return LinearHead(model.head.weight.detach().to('cpu', torch.float32).numpy(),
                       model.head.bias.detach().to('cpu', torch.float32).numpy())
@@ -525,8 +525,11 @@ def linear_head(model: CenterNetDetector) -> LinearHead:
 def _fit_gp_on_splits(model: CenterNetDetector, model_id: str, train: DetectionSplit,
                       val: DetectionSplit, seed: int, progress: bool, log: Any
                       ) -> tuple[LastLayerNTKGP, dict[str, Any]]:
-    from uq_perception.box_uncertainty import calibrate_box_uncertainty
-    from uq_perception.detection_scoring import OPERATING_MAX_DETECTIONS, OPERATING_THRESHOLD
+    from uq_perception.training.box_fit import calibrate_box_uncertainty
+    from uq_perception.training.detection_scoring import (
+        OPERATING_MAX_DETECTIONS,
+        OPERATING_THRESHOLD,
+    )
 
     train_phi, train_y = object_embeddings(model, train, progress=progress)
     val_phi, val_y = object_embeddings(model, val, progress=progress)
@@ -569,7 +572,7 @@ def load_training_splits(data: Path | CocoTrainingData, input_size: tuple[int, i
     max_images : int | None
         Use only the first images of each split (of the file, for COCO data).
     """
-    from uq_perception.detector_data import CocoTrainingData, load_coco_splits, load_split
+    from uq_perception.training.detector_data import CocoTrainingData, load_coco_splits, load_split
 
     if isinstance(data, CocoTrainingData):
         train, val, dataset = load_coco_splits(data, input_size, class_names, max_images)
@@ -598,7 +601,7 @@ def refit_gp(data: Path | CocoTrainingData, out: Path, seed: int = 0, threads: i
     """
     import torch
 
-    from uq_perception.detector import load_detector, save_detector
+    from uq_perception.detectors.centernet import load_detector, save_detector
 
     torch.set_num_threads(threads)
     model = load_detector(out / DETECTOR_FILE, fold_batchnorm=False)
@@ -622,7 +625,7 @@ def run_training(data: Path | CocoTrainingData, out: Path, config: TrainConfig,
     """
     import torch
 
-    from uq_perception.detector import model_digest, save_detector
+    from uq_perception.detectors.centernet import model_digest, save_detector
 
     started = time.time()
     torch.set_num_threads(config.threads)
@@ -633,7 +636,7 @@ def run_training(data: Path | CocoTrainingData, out: Path, config: TrainConfig,
     model, history = train_detector(train, config, progress=progress, log=log)
     train_seconds = time.time() - started
 
-    from uq_perception.detection_scoring import evaluate_detection
+    from uq_perception.training.detection_scoring import evaluate_detection
 
     val_metrics = evaluate_detection(model, val, progress=progress)
     log(f'validation AP@0.5 {val_metrics["ap50_mean"]:.4f} '
