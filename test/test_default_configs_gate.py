@@ -20,10 +20,10 @@ test fails on them.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
-import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -31,11 +31,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import rclpy
-from rclpy.executors import SingleThreadedExecutor
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 
-from uq_msgs.msg import AutonomyState, DetectionArray
+
+def _sibling(name: str) -> Any:
+    """A helper module beside this file (no test folder is on ``sys.path``)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GatingObserver = _sibling('gating_observer').GatingObserver
 
 WORKSPACE = Path(__file__).resolve().parents[1]
 CONFIG = WORKSPACE / 'config'
@@ -98,61 +104,12 @@ class Processes:
             self.stop(node)
 
 
-class Observer:
-    """The test's node: records AutonomyState and the arrival of DetectionArrays."""
-
-    def __init__(self) -> None:
-        self.context = rclpy.Context()
-        rclpy.init(context=self.context, domain_id=DOMAIN_ID)
-        self.node = rclpy.create_node('default_configs_observer', context=self.context)
-        self.lock = threading.Lock()
-        self.states: list[tuple[float, AutonomyState]] = []
-        self.detections: list[float] = []  # arrival times of non-empty DetectionArrays
-        self.node.create_subscription(
-            AutonomyState, 'autonomy_state', self._on_state,
-            QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE,
-                       durability=DurabilityPolicy.TRANSIENT_LOCAL))
-        self.node.create_subscription(
-            DetectionArray, 'detections', self._on_detections,
-            QoSProfile(depth=10, reliability=ReliabilityPolicy.BEST_EFFORT))
-        self.executor = SingleThreadedExecutor(context=self.context)
-        self.executor.add_node(self.node)
-        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
-        self.thread.start()
-
-    def _on_state(self, msg: AutonomyState) -> None:
-        with self.lock:
-            self.states.append((time.monotonic(), msg))
-
-    def _on_detections(self, msg: DetectionArray) -> None:
-        if msg.detections:
-            with self.lock:
-                self.detections.append(time.monotonic())
-
-    def wait_for(self, predicate: Callable[[], Any], timeout_s: float,
-                 processes: Processes) -> Any:
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            with self.lock:
-                result = predicate()
-            if result:
-                return result
-            assert not processes.dead(), f'died: {processes.dead()}'
-            time.sleep(0.05)
-        return None
-
-    def close(self) -> None:
-        self.executor.shutdown(timeout_sec=2.0)
-        self.node.destroy_node()
-        self.context.try_shutdown()
-
-
 @pytest.fixture(params=['sim', 'robot'])
 def stack(request: pytest.FixtureRequest, tmp_path: Path
-          ) -> Iterator[tuple[str, Processes, Observer]]:
+          ) -> Iterator[tuple[str, Processes, GatingObserver]]:
     profile = request.param
     processes = Processes(tmp_path, tmp_path / 'ros_home')
-    observer = Observer()
+    observer = GatingObserver('default_configs_observer', DOMAIN_ID)
     try:
         processes.start('detector_node', profile, '-p', 'autostart:=true')
         processes.start('arbitration_node', profile)
@@ -162,31 +119,21 @@ def stack(request: pytest.FixtureRequest, tmp_path: Path
         processes.stop_all()
 
 
-def _play(processes: Processes, observer: Observer, profile: str, scenario: str) -> float:
+def _alive(processes: Processes) -> Callable[[], None]:
+    def check() -> None:
+        assert not processes.dead(), f'died: {processes.dead()}'
+    return check
+
+
+def _play(processes: Processes, observer: GatingObserver, profile: str, scenario: str) -> float:
     """Start the camera on ``scenario``; returns when the first detections of it arrived."""
     with observer.lock:
         observer.detections.clear()
     processes.start('sim_camera_node', profile, '-p', f'scenario:={scenario}')
     first = observer.wait_for(lambda: observer.detections and observer.detections[0],
-                              START_TIMEOUT_S, processes)
+                              START_TIMEOUT_S, _alive(processes))
     assert first, f'no detections of {scenario}; detector log:\n{processes.log("detector_node")}'
     return first
-
-
-def _levels(observer: Observer, since: float) -> list[tuple[float, AutonomyState]]:
-    with observer.lock:
-        return [(t, s) for t, s in observer.states if t >= since]
-
-
-def _story(observer: Observer, since: float) -> str:
-    """Each change of level, staleness or reason since ``since``, one per line."""
-    lines, last = [], None
-    for t, s in _levels(observer, since):
-        if (s.level, s.perception_stale, s.reason) != last:
-            last = (s.level, s.perception_stale, s.reason)
-            lines.append(f'  {t - since:6.2f} s level {s.level}'
-                         f'{" (stale)" if s.perception_stale else ""}: {s.reason}')
-    return '\n'.join(lines)
 
 
 def test_the_shipped_configs_hand_back_on_unknown_objects_and_assist_on_known_ones(stack):
@@ -195,25 +142,26 @@ def test_the_shipped_configs_hand_back_on_unknown_objects_and_assist_on_known_on
     start = _play(processes, observer, profile, 'known_static')
     climbed = observer.wait_for(
         lambda: next((s for t, s in observer.states if t >= start and s.level == 3), None),
-        CLIMB_TIMEOUT_S, processes)
+        CLIMB_TIMEOUT_S, _alive(processes))
     assert climbed, f'{profile}: known_static never reached assistance:\n' \
-        f'{_story(observer, start)}'
+        f'{observer.story(start)}'
     print(f'{profile} known_static: assistance {climbed.reason!r}')
     processes.stop('sim_camera_node')
-    observer.wait_for(lambda: observer.states[-1][1].perception_stale, 10.0, processes)
+    observer.wait_for(lambda: observer.states[-1][1].perception_stale, 10.0,
+                      _alive(processes))
 
     start = _play(processes, observer, profile, 'unknown_static')
     handed_back = observer.wait_for(
         lambda: next((t for t, s in observer.states
                       if t >= start and s.level == 0 and not s.perception_stale), None),
-        HAND_BACK_S + 2.0, processes)
+        HAND_BACK_S + 2.0, _alive(processes))
     time.sleep(max(0.0, start + HAND_BACK_S + HOLD_S - time.monotonic()))
-    seen = _story(observer, start)
+    seen = observer.story(start)
     assert handed_back is not None and handed_back - start <= HAND_BACK_S, \
         f'{profile}: no teleoperation from fresh perception within {HAND_BACK_S} s:\n{seen}'
-    assert all(s.level == 0 for t, s in _levels(observer, start)), \
+    assert all(s.level == 0 for t, s in observer.after(start)), \
         f'{profile}: unknown_static left teleoperation:\n{seen}'
-    fresh = [s for _, s in _levels(observer, start) if not s.perception_stale]
+    fresh = [s for _, s in observer.after(start) if not s.perception_stale]
     assert fresh and all(s.uncertainty_signal == 'calibrated_score' for s in fresh)
     print(f'{profile} unknown_static: teleoperation {handed_back - start:.2f} s after the '
           f'first detections, held {HOLD_S:g} s; most uncertain detection: calibrated_score '

@@ -22,13 +22,14 @@ launch files"):
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
-import threading
 import time
 import unittest
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,13 +42,19 @@ import launch  # noqa: E402
 import launch_testing  # noqa: E402
 import launch_testing.actions  # noqa: E402
 import launch_testing.asserts  # noqa: E402
-import rclpy  # noqa: E402
 from launch.actions import IncludeLaunchDescription  # noqa: E402
 from launch.launch_description_sources import PythonLaunchDescriptionSource  # noqa: E402
-from rclpy.executors import SingleThreadedExecutor  # noqa: E402
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 
-from uq_msgs.msg import AutonomyState, DetectionArray  # noqa: E402
+
+def _sibling(name: str) -> Any:
+    """A helper module beside this file (no test folder is on ``sys.path``)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GatingObserver = _sibling('gating_observer').GatingObserver
 
 WORKSPACE = Path(__file__).resolve().parents[1]
 SIM = WORKSPACE / 'launch' / 'sim.launch.py'
@@ -76,58 +83,6 @@ def generate_test_description(profile: str, scenario: str):
     return launch.LaunchDescription([sim, launch_testing.actions.ReadyToTest()]), {}
 
 
-class Observer:
-    """The test's node: AutonomyState and the arrival of non-empty DetectionArrays."""
-
-    def __init__(self) -> None:
-        self.context = rclpy.Context()
-        rclpy.init(context=self.context, domain_id=DOMAIN_ID)
-        self.node = rclpy.create_node('sim_gating_observer', namespace=NAMESPACE,
-                                      context=self.context)
-        self.lock = threading.Lock()
-        self.states: list[tuple[float, AutonomyState]] = []
-        self.first_detections: float | None = None
-        self.node.create_subscription(
-            AutonomyState, 'autonomy_state', self._on_state,
-            QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE,
-                       durability=DurabilityPolicy.TRANSIENT_LOCAL))
-        self.node.create_subscription(
-            DetectionArray, 'detections', self._on_detections,
-            QoSProfile(depth=10, reliability=ReliabilityPolicy.BEST_EFFORT))
-        self.executor = SingleThreadedExecutor(context=self.context)
-        self.executor.add_node(self.node)
-        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
-        self.thread.start()
-
-    def _on_state(self, msg: AutonomyState) -> None:
-        with self.lock:
-            self.states.append((time.monotonic(), msg))
-
-    def _on_detections(self, msg: DetectionArray) -> None:
-        with self.lock:
-            if msg.detections and self.first_detections is None:
-                self.first_detections = time.monotonic()
-
-    def after(self, since: float) -> list[tuple[float, AutonomyState]]:
-        with self.lock:
-            return [(t, s) for t, s in self.states if t >= since]
-
-    def story(self, since: float) -> str:
-        """Each change of level, staleness or reason since ``since``, one per line."""
-        lines, last = [], None
-        for t, s in self.after(since):
-            if (s.level, s.perception_stale, s.reason) != last:
-                last = (s.level, s.perception_stale, s.reason)
-                lines.append(f'  {t - since:6.2f} s level {s.level}'
-                             f'{" (stale)" if s.perception_stale else ""}: {s.reason}')
-        return '\n'.join(lines)
-
-    def close(self) -> None:
-        self.executor.shutdown(timeout_sec=2.0)
-        self.node.destroy_node()
-        self.context.try_shutdown()
-
-
 def wait_until(condition, timeout_s: float, period_s: float = 0.05):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -142,9 +97,9 @@ class TestGating(unittest.TestCase):
     """Active test, run while the launched simulation is up."""
 
     def test_the_level_follows_what_the_detector_knows(self, profile: str, scenario: str):
-        observer = Observer()
+        observer = GatingObserver('sim_gating_observer', DOMAIN_ID, NAMESPACE)
         try:
-            start = wait_until(lambda: observer.first_detections, START_TIMEOUT_S)
+            start = wait_until(observer.first_detections, START_TIMEOUT_S)
             self.assertIsNotNone(start, f'{profile}/{scenario}: no detections')
             if scenario == 'known_static':
                 climbed = wait_until(lambda: next(

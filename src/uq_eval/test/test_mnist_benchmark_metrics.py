@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from uq_perception.training.train import metrics
+from uq_perception.training import metrics
 
 
 def test_accuracy_nll_brier_hand_computed() -> None:
