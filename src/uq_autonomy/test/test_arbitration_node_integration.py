@@ -427,6 +427,26 @@ def test_badly_stamped_frames_force_teleoperation(harness, offset_s, needle):
     assert state.perception_stale and needle in state.reason, state.reason
 
 
+def test_frames_a_little_older_than_max_frame_age_s_do_not_drive(harness):
+    # An hour-old frame (above) is refused by any age rule; one half again as old as the
+    # limit is only refused by the limit itself. Frames half the limit old must still drive
+    # (the limit leaves a second for the delivery's own latency on a loaded machine).
+    limit = 2.0
+    h = harness(min_dwell_s=0.05, max_frame_age_s=limit)
+    h.stamp_offset_s = -0.5 * limit
+    h.frame = frame(0.05)
+    h.wait_state(lambda s: s.level >= SHARED, 'climb on frames half max_frame_age_s old')
+    mark = h.mark()
+    h.stamp_offset_s = -1.5 * limit
+    _, state = h.wait_state(lambda s: s.level == TELEOP, 'fall-back', since=mark)
+    assert state.perception_stale, state.reason
+    assert f'old, more than max_frame_age_s {limit:g}' in state.reason, state.reason
+    # Held there while such frames keep coming (they would climb again if accepted).
+    fell = next(i for i, (_, s) in enumerate(h.states) if i >= mark and s is state)
+    time.sleep(0.5)
+    assert all(s.level == TELEOP for _, s in h.states[fell:])
+
+
 def test_oversized_frame_is_refused_without_decoding(harness):
     h = harness(min_dwell_s=0.05, max_detections=50)
     h.frame = frame(0.05)

@@ -48,10 +48,35 @@ def bag(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-class Answerer:
-    """A node answering each image it takes after ``work_s``, except stamps in ``silent``."""
+@pytest.fixture(scope='module')
+def looping_bag(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bag's frames twice over: the second pass repeats the first pass's stamps, logged
+    after it (a bag read sorts by log time, so repeated log times would interleave them)."""
+    typestore = uq_typestore()
+    Header = typestore.types['std_msgs/msg/Header']
+    Time = typestore.types['builtin_interfaces/msg/Time']
+    Image = typestore.types['sensor_msgs/msg/Image']
+    path = tmp_path_factory.mktemp('replay') / 'looping'
+    pixels = np.zeros(16 * 16 * 3, dtype=np.uint8)
+    with Writer(path, version=9, storage_plugin=StoragePlugin.MCAP) as writer:
+        connection = writer.add_connection('image', 'sensor_msgs/msg/Image',
+                                           typestore=typestore)
+        for k, stamp in enumerate(STAMPS + STAMPS):
+            msg = Image(header=Header(stamp=Time(sec=stamp // 10**9, nanosec=stamp % 10**9),
+                                      frame_id='camera'),
+                        height=16, width=16, encoding='rgb8', is_bigendian=0, step=48,
+                        data=pixels)
+            writer.write(connection, FIRST_STAMP_NS + k * PERIOD_NS,
+                         typestore.serialize_cdr(msg, Image.__msgtype__))
+    return path
 
-    def __init__(self, work_s: float, silent: frozenset[int] = frozenset()) -> None:
+
+class Answerer:
+    """A node answering each image it takes after ``work_s``, except stamps in ``silent``
+    (and, with ``answer_once``, stamps it answered already)."""
+
+    def __init__(self, work_s: float, silent: frozenset[int] = frozenset(),
+                 answer_once: bool = False) -> None:
         import rclpy
         from rclpy.executors import SingleThreadedExecutor
         from rclpy.qos import QoSProfile, ReliabilityPolicy
@@ -62,6 +87,9 @@ class Answerer:
 
         self.work_s = work_s
         self.silent = silent
+        # With answer_once, an image whose stamp was answered before is taken and dropped.
+        self.answer_once = answer_once
+        self._answered: set[int] = set()
         self.received: list[int] = []
         self.context = rclpy.Context()
         rclpy.init(context=self.context, domain_id=DOMAIN_ID)
@@ -81,8 +109,10 @@ class Answerer:
         stamp = msg.header.stamp.sec * 10**9 + msg.header.stamp.nanosec
         self.received.append(stamp)
         time.sleep(self.work_s)
-        if stamp not in self.silent:
-            self._publisher.publish(self._message(header=msg.header))
+        if stamp in self.silent or (self.answer_once and stamp in self._answered):
+            return
+        self._answered.add(stamp)
+        self._publisher.publish(self._message(header=msg.header))
 
     def close(self) -> None:
         self._spinner.stop()
@@ -126,6 +156,21 @@ def test_unanswered_images_are_named_and_fail_the_replay(bag: Path) -> None:
     assert f'answered {FRAMES - 2} of {FRAMES} images' in result.stdout, result.stdout
     assert (f'the nodes did not answer 2 of {FRAMES} images, stamped {seconds(silent)}'
             in result.stderr), result.stderr
+
+
+def test_a_looping_bag_counts_the_images_of_each_pass(looping_bag: Path) -> None:
+    # The nodes answer the first pass and drop the second: one answer per stamp, which must
+    # not stand for both images sent with it.
+    answerer = Answerer(work_s=0.0, answer_once=True)
+    try:
+        result = replay(looping_bag, '--answer-timeout', '0.5')
+    finally:
+        answerer.close()
+    assert answerer.received == STAMPS + STAMPS  # both passes reached the node
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f'answered {FRAMES} of {2 * FRAMES} images' in result.stdout, result.stdout
+    assert (f'the nodes did not answer {FRAMES} of {2 * FRAMES} images, stamped '
+            f'{seconds(STAMPS)}' in result.stderr), result.stderr
 
 
 def test_at_the_bag_pace_the_frames_a_busy_node_drops_are_named(bag: Path) -> None:
