@@ -17,7 +17,21 @@ setup:
 demo: setup
 	@$(ENV) uq demo
 
+# Benchmark datasets kept in a folder beside the workspace (DATA_BESIDE, one folder per
+# dataset as `uq data fetch` lays them out) are linked into data/ before the tests, so that
+# the tests on the real MNIST-family data run; a dataset already in data/ is left alone.
+DATA_BESIDE ?= ../shared/data
+BENCHMARK_DATASETS := mnist fashion_mnist kmnist notmnist
+
 test: setup
+	@if [ -d "$(DATA_BESIDE)" ]; then \
+	  for name in $(BENCHMARK_DATASETS); do \
+	    if [ -d "$(DATA_BESIDE)/$$name" ] && [ ! -e "data/$$name" ] && [ ! -L "data/$$name" ]; then \
+	      mkdir -p data && ln -s "$$(cd "$(DATA_BESIDE)/$$name" && pwd)" "data/$$name" \
+	        && echo "linked data/$$name -> $$(readlink "data/$$name")"; \
+	    fi; \
+	  done; \
+	fi
 	@$(ENV) $(LAUNCH_KIT) python -m pytest
 
 # Optional: laplace-torch for the peer-baseline rows of `uq bench mnist` (docs/benchmarks.md).

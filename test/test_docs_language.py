@@ -81,3 +81,25 @@ def test_no_development_process_words_in_the_repository():
                     found.append(f'{path.relative_to(WORKSPACE)}:{number}: {match.group(0)!r} '
                                  f'in {line.strip()[:100]!r}')
     assert not found, 'development-process words:\n' + '\n'.join(found)
+
+
+#: Folders beside the workspace are no part of the product: its code and documentation never
+#: name them (build glue such as the Makefile may look for them).
+BESIDE_THE_WORKSPACE = re.compile(r'\.\./shared\b')
+PRODUCT_TREES = ('README.md', 'docs', 'src')
+
+
+def test_the_product_names_no_folder_beside_the_workspace():
+    if not (WORKSPACE / '.git').exists():
+        pytest.skip('not a git checkout: the tracked files are unknown')
+    assert BESIDE_THE_WORKSPACE.search('read from <workspace>/../shared/data')
+    assert not BESIDE_THE_WORKSPACE.search('read from <workspace>/data (shared autonomy)')
+    found = []
+    for path in _tracked_text_files():
+        if path.relative_to(WORKSPACE).parts[0] not in PRODUCT_TREES:
+            continue
+        text = path.read_text(encoding='utf-8', errors='replace')
+        for number, line in enumerate(text.splitlines(), 1):
+            if BESIDE_THE_WORKSPACE.search(line):
+                found.append(f'{path.relative_to(WORKSPACE)}:{number}: {line.strip()[:100]!r}')
+    assert not found, 'names a folder outside the workspace:\n' + '\n'.join(found)

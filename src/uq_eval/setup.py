@@ -36,6 +36,7 @@ setup(
             'replay = uq_eval.bags.commands:replay',
             'bench.gp = uq_eval.benchmarks.commands:bench_gp',
             'bench.mnist = uq_eval.mnist.commands:bench_mnist',
+            'data.fetch = uq_eval.mnist.commands:data_fetch',
             'bench.node = uq_eval.benchmarks.commands:bench_node',
             'bench.arbitration = uq_eval.benchmarks.commands:bench_arbitration',
             'bench.backend = uq_eval.benchmarks.commands:bench_backend',

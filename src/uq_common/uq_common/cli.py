@@ -20,6 +20,7 @@ ENTRY_POINT_GROUP = 'uq.commands'
 
 _GROUP_HELP = {
     'bench': 'benchmarks that print JSON figures',
+    'data': 'the benchmark datasets: download and check them',
     'eval': 'evaluate models and recordings',
     'gp': 'the NTK-GP of any detector: fit and calibrate it on your data',
     'labels': 'the ask-for-help label store',

@@ -17,6 +17,7 @@ from uq_common import cli
 from uq_eval.mnist.cnn import SmallCNN, mc_dropout_probabilities, to_tensor
 from uq_eval.mnist.data import (
     OOD_SETS,
+    configured_data_dir,
     default_data_dir,
     load_benchmark_data,
     read_idx,
@@ -74,8 +75,8 @@ def _write_synthetic(root: Path, n_train: int = 2600, n_test: int = 600) -> None
 @pytest.fixture(params=['mnist', 'synthetic'])
 def data_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     """The benchmark's data, one run each: ``mnist`` is the real data where ``uq bench mnist``
-    finds it by default (``$UQ_DATA_DIR``, else the workspace's data directory) and is
-    skipped, naming what is missing, without it; ``synthetic`` is a generated set in the same
+    finds it by default (``$UQ_DATA_DIR``, else the workspace's ``data/``) and is skipped,
+    naming what is missing, without it; ``synthetic`` is a generated set in the same
     layout, so that the whole command runs everywhere."""
     if request.param == 'synthetic':
         _write_synthetic(tmp_path / 'data')
@@ -84,8 +85,8 @@ def data_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
         root = default_data_dir()
         load_benchmark_data(root)  # a malformed file raises ValueError: a failure
     except FileNotFoundError as err:
-        pytest.skip(f'MNIST benchmark data missing: {err}. Set UQ_DATA_DIR to a directory '
-                    f'laid out as uq_eval.mnist.data describes to run it.')
+        pytest.skip(f'MNIST benchmark data missing: {err}. `uq data fetch all` downloads '
+                    'it into the data directory.')
     return root
 
 
@@ -129,6 +130,7 @@ def test_missing_files_are_all_named(tmp_path: Path, capsys: pytest.CaptureFixtu
         load_benchmark_data(tmp_path)
     message = str(info.value)
     assert 'lacks 6 file(s)' in message
+    assert f'uq data fetch all --data-dir {tmp_path}' in message
     for name in ('mnist/train-labels-idx1-ubyte.gz', 'mnist/t10k-images-idx3-ubyte.gz',
                  'mnist/t10k-labels-idx1-ubyte.gz', 'fashion_mnist/t10k-images-idx3-ubyte.gz',
                  'kmnist/kmnist-test-imgs.npz', 'notmnist/t10k-images-idx3-ubyte.gz'):
@@ -147,16 +149,32 @@ def test_default_data_dir_prefers_environment(tmp_path: Path, monkeypatch: pytes
     assert default_data_dir() == tmp_path.resolve()
 
 
-def test_default_data_dir_without_environment_is_beside_the_workspace(
+def test_default_data_dir_without_environment_is_the_workspace_data_folder(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv('UQ_DATA_DIR', raising=False)
     monkeypatch.delenv('UQ_WORKSPACE', raising=False)
     # This checkout's root is three levels above this file.
-    expected = Path(__file__).resolve().parents[3] / '..' / 'shared' / 'data'
+    expected = Path(__file__).resolve().parents[3] / 'data'
+    assert configured_data_dir() == (expected, 'the workspace default')
     try:
         assert default_data_dir() == expected.resolve()
     except FileNotFoundError as err:
-        assert not expected.is_dir() and f'tried {expected}' in str(err)
+        assert not expected.is_dir() and f'{expected} (the workspace default)' in str(err)
+        assert 'uq data fetch all' in str(err)
+
+
+def test_default_data_dir_follows_the_workspace_and_names_a_missing_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv('UQ_DATA_DIR', raising=False)
+    monkeypatch.setenv('UQ_WORKSPACE', str(tmp_path))
+    with pytest.raises(FileNotFoundError, match='uq data fetch all'):
+        default_data_dir()
+    (tmp_path / 'data').mkdir()
+    assert default_data_dir() == (tmp_path / 'data').resolve()
+    # A UQ_DATA_DIR that does not exist is an error, not a reason to look elsewhere.
+    monkeypatch.setenv('UQ_DATA_DIR', str(tmp_path / 'elsewhere'))
+    with pytest.raises(FileNotFoundError, match=r'elsewhere \(\$UQ_DATA_DIR\) does not exist'):
+        default_data_dir()
 
 
 # --------------------------------------------------------------------------- building blocks

@@ -27,8 +27,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Benchmark NTK-GP uncertainty against baselines on MNIST vs FashionMNIST/KMNIST/notMNIST."""
     parser.add_argument('--data-dir', type=Path, default=None,
                         help='directory with mnist/, fashion_mnist/, kmnist/, notmnist/ '
-                             '(default: the first existing of $UQ_DATA_DIR and '
-                             '<workspace>/../shared/data)')
+                             '(when not given: $UQ_DATA_DIR, else <workspace>/data; '
+                             '`uq data fetch all` downloads the data there)')
     parser.add_argument('--out', type=Path, default=Path('out/bench_mnist'),
                         help='output directory for results.json, results.md and plots '
                              '(default: out/bench_mnist)')

@@ -1,7 +1,7 @@
 """Readers for MNIST-format image sets (idx files, optionally gzipped, and KMNIST ``.npz``).
 
 ROS-free and numpy-only. The benchmark layout is one folder per dataset with the
-publishers' file names (see ``shared/data/README.md``)::
+publishers' file names, as ``uq data fetch`` (:mod:`uq_eval.mnist.fetch`) writes it::
 
     mnist/train-images-idx3-ubyte.gz   mnist/train-labels-idx1-ubyte.gz
     mnist/t10k-images-idx3-ubyte.gz    mnist/t10k-labels-idx1-ubyte.gz
@@ -34,6 +34,8 @@ from numpy.typing import NDArray
 __all__ = [
     'MnistBenchmarkData',
     'OOD_SETS',
+    'DATA_DIR_ENV',
+    'configured_data_dir',
     'default_data_dir',
     'load_benchmark_data',
     'parse_ood_argument',
@@ -50,6 +52,9 @@ OOD_SETS: dict[str, tuple[str, ...]] = {
     'KMNIST': ('kmnist/t10k-images-idx3-ubyte.gz', 'kmnist/kmnist-test-imgs.npz'),
     'notMNIST': ('notmnist/t10k-images-idx3-ubyte.gz',),
 }
+
+#: Environment variable that names the benchmark data directory.
+DATA_DIR_ENV = 'UQ_DATA_DIR'
 
 _MNIST_FILES = {
     'train_images': 'mnist/train-images-idx3-ubyte.gz',
@@ -226,32 +231,44 @@ def _read_labels(path: Path, count: int) -> NDArray[np.uint8]:
     return labels
 
 
-def default_data_dir() -> Path:
-    """The benchmark data directory used when none is given.
+def _workspace() -> Path:
+    """The workspace root: ``$UQ_WORKSPACE`` (set by ``scripts/env.sh``) or, failing that,
+    the source checkout this module lives in."""
+    if os.environ.get('UQ_WORKSPACE'):
+        return Path(os.environ['UQ_WORKSPACE'])
+    # src/uq_eval/uq_eval/mnist/data.py -> workspace root is parents[4]; resolve() follows
+    # colcon's symlink install back to the source tree.
+    return Path(__file__).resolve().parents[4]
 
-    The first existing one of ``$UQ_DATA_DIR`` and ``<workspace>/../shared/data``, where
-    the workspace is ``$UQ_WORKSPACE`` (set by ``scripts/env.sh``) or, failing that, the
-    source checkout this module lives in.
+
+def configured_data_dir() -> tuple[Path, str]:
+    """The benchmark data directory the settings name, whether or not it exists yet.
+
+    Returns
+    -------
+    (Path, str)
+        ``$UQ_DATA_DIR`` when set and not empty, else ``<workspace>/data``; and where that
+        choice came from, for messages.
+    """
+    if os.environ.get(DATA_DIR_ENV):
+        return Path(os.environ[DATA_DIR_ENV]), f'${DATA_DIR_ENV}'
+    return _workspace() / 'data', 'the workspace default'
+
+
+def default_data_dir() -> Path:
+    """The benchmark data directory used when none is given: :func:`configured_data_dir`.
 
     Raises
     ------
     FileNotFoundError
-        If none of the candidates exists; the message lists them.
+        If that directory does not exist; the message names it and how to fill it.
     """
-    candidates: list[Path] = []
-    if os.environ.get('UQ_DATA_DIR'):
-        candidates.append(Path(os.environ['UQ_DATA_DIR']))
-    if os.environ.get('UQ_WORKSPACE'):
-        candidates.append(Path(os.environ['UQ_WORKSPACE']) / '..' / 'shared' / 'data')
-    # src/uq_eval/uq_eval/mnist/data.py -> workspace root is parents[4]; resolve() follows
-    # colcon's symlink install back to the source tree.
-    candidates.append(Path(__file__).resolve().parents[4] / '..' / 'shared' / 'data')
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate.resolve()
-    tried = ', '.join(str(c) for c in candidates)
-    raise FileNotFoundError(f'no benchmark data directory found (tried {tried}); pass '
-                            '--data-dir or set UQ_DATA_DIR')
+    path, origin = configured_data_dir()
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f'benchmark data directory {path} ({origin}) does not exist; download the data '
+            f'with `uq data fetch all`, set {DATA_DIR_ENV} or pass --data-dir')
+    return path.resolve()
 
 
 def load_benchmark_data(data_dir: str | os.PathLike[str]) -> MnistBenchmarkData:
@@ -287,7 +304,8 @@ def load_benchmark_data(data_dir: str | os.PathLike[str]) -> MnistBenchmarkData:
     if missing:
         listing = '\n  '.join(missing)
         raise FileNotFoundError(f'benchmark data directory {root} lacks {len(missing)} '
-                                f'file(s):\n  {listing}')
+                                f'file(s) (`uq data fetch all --data-dir {root}` downloads '
+                                f'them):\n  {listing}')
     paths = {key: path for key, path in resolved.items() if path is not None}
     train_images = _read_images(paths['train_images'])
     test_images = _read_images(paths['test_images'])
