@@ -73,3 +73,9 @@ def open_fraction(text: str) -> float:
     """A number in (0, 1) (shares of a dataset held out for validation)."""
     value = _finite_number(text)
     return _checked(value, 0.0 < value < 1.0, 'must be in (0, 1)')
+
+
+def unit_interval(text: str) -> float:
+    """A finite number in [0, 1] (a score threshold)."""
+    value = _finite_number(text)
+    return _checked(value, 0.0 <= value <= 1.0, 'must be in [0, 1]')

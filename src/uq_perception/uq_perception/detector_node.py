@@ -376,6 +376,9 @@ class DetectorNode(LifecycleNode):
         self._learnt_save_path: Path | None = None
         self._learnt_state_problem = ''
         self._learnt_state_source = ''
+        # Why the GP artefact's calibrated-score reference cannot rank detections (set at
+        # configure, reported by diagnostics).
+        self._reference_problem: str | None = None
         self._reset_stats()
         if self._params['autostart']:
             self._autostart_timer = self.create_timer(0.0, self._autostart)
@@ -409,6 +412,10 @@ class DetectorNode(LifecycleNode):
         # Labels are learnt while configured, active or not: a person may answer while the
         # camera is paused.
         self._teach_service = self.create_service(TeachObject, 'teach_object', self._on_teach)
+        reference = self._perception.gp.score_reference
+        self._reference_problem = reference.spread_problem() if reference is not None else None
+        if self._reference_problem:
+            self.get_logger().warning(f'{self._params["gp_path"]}: {self._reference_problem}')
         self.get_logger().info(
             f'configured: model {self._model_id} from {self._params["model_path"]} on '
             f'{self._backend_name} '
@@ -666,6 +673,8 @@ class DetectorNode(LifecycleNode):
         if self._last_arrival is None or now - self._last_arrival > \
                 self._params['stale_input_timeout']:
             level, message = DiagnosticStatus.WARN, 'no images received (stale input)'
+        if self._reference_problem:
+            level, message = DiagnosticStatus.WARN, self._reference_problem
         if self._learnt_state_problem:
             level, message = DiagnosticStatus.WARN, self._learnt_state_problem
         if self._size_mismatch:

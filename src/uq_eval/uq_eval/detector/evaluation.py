@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from uq_perception.ntk import LastLayerNTKGP
     from uq_perception.runtime.backends import InferenceBackend
     from uq_perception.training.detector_data import DetectionSplit
+    from uq_perception.training.ood_baselines import FeatureBank
 
 from uq_common.arguments import positive_int
 from uq_eval.detector.scoring import (
@@ -68,8 +69,11 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
                          test: DetectionSplit, test_unknown: DetectionSplit,
                          score_threshold: float = OPERATING_THRESHOLD,
                          max_detections: int = OPERATING_MAX_DETECTIONS,
-                         progress: bool = False) -> dict[str, Any]:
-    """Unknown-object recall, OOD and misclassification AUROCs, calibration."""
+                         progress: bool = False,
+                         bank: FeatureBank | None = None) -> dict[str, Any]:
+    """Unknown-object recall, OOD and misclassification AUROCs, calibration; with a
+    feature ``bank`` of known objects, the GP beside every post-hoc OOD score
+    (:mod:`uq_perception.training.ood_baselines`) on the same detections."""
     from uq_perception.training import metrics
 
     result: dict[str, Any] = {'score_threshold': score_threshold}
@@ -83,6 +87,8 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
     is_unknown: list[bool] = []
     matched_category: list[int] = []
     norms: list[float] = []
+    embeddings: list[np.ndarray] = []
+    logits: list[np.ndarray] = []
     for i, det_index, obj_index in matched_objects(test_unknown, dets):
         hard = test_unknown.hard(i)
         unknown = test_unknown.labels[i] < 0
@@ -98,6 +104,8 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
         append_uncertainty_signals(signals, gp, dets[i].embeddings[det_index],
                                    dets[i].logits[det_index])
         norms += np.linalg.norm(dets[i].embeddings[det_index], axis=1).tolist()
+        embeddings.append(dets[i].embeddings[det_index])
+        logits.append(dets[i].logits[det_index])
         is_unknown += unknown[obj_index].tolist()
         matched_category += test_unknown.category_ids[i][obj_index].tolist()
     all_unknown = [h for hits in found.values() for h in hits]
@@ -125,6 +133,9 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
         test_unknown.category_names[int(c)]: safe_auroc(
             gp_variance[~labels | (category == c)], labels[~labels | (category == c)])
         for c in np.unique(category[labels])}
+    if bank is not None and labels.any() and (~labels).any():
+        result['ood_scores'] = ood_score_table(gp, bank, np.concatenate(embeddings),
+                                               np.concatenate(logits), labels)
     if gp.ood_threshold is not None and labels.size:
         flagged = np.array(signals['gp_variance']) > gp.ood_threshold
         result['ood_flag_rate_known'] = rounded(float(flagged[~labels].mean())) \
@@ -160,6 +171,37 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
             'predictive_entropy': safe_auroc(np.array(entropy), wrong),
         }
     return result
+
+
+def known_feature_bank(model: CenterNetDetector, split: DetectionSplit,
+                       progress: bool = False) -> FeatureBank:
+    """The feature-space baselines' reference: the embeddings of the detections matched to
+    the split's known objects, at the node's operating point."""
+    from uq_perception.training.ood_baselines import FeatureBank
+
+    dets = predict_split(model, split, OPERATING_THRESHOLD, OPERATING_MAX_DETECTIONS,
+                         progress=progress)
+    features, labels = [], []
+    for i, det_index, obj_index in matched_objects(split, dets):
+        known = split.labels[i][obj_index] >= 0
+        features.append(dets[i].embeddings[det_index[known]])
+        labels.append(split.labels[i][obj_index[known]])
+    return FeatureBank.fitted(np.concatenate(features), np.concatenate(labels))
+
+
+def ood_score_table(gp: LastLayerNTKGP, bank: FeatureBank, embeddings: np.ndarray,
+                    logits: np.ndarray, unknown: np.ndarray) -> list[dict[str, Any]]:
+    """AUROC and FPR95, unknown against known detections, of the GP variance, the
+    calibrated score and every post-hoc baseline (softmax: the CenterNet's classes)."""
+    from uq_perception.training.ood_baselines import baseline_scores, score_table
+
+    out = gp.predict(embeddings, logits)
+    scores = {'gp_variance': out.gp_variance}
+    if out.calibrated_score is not None:
+        scores['calibrated_score'] = out.calibrated_score
+    scores.update(baseline_scores(logits, embeddings, bank, 'softmax'))
+    return score_table({k: v[~unknown] for k, v in scores.items()},
+                       {k: v[unknown] for k, v in scores.items()})
 
 
 def measure_latency(model: CenterNetDetector, gp: LastLayerNTKGP | None = None,
@@ -285,8 +327,14 @@ def evaluate(model_path: Path, gp_path: Path, data: Path, latency_runs: int = 20
         'gp_experts': gp.num_experts,
         'detection_test': evaluate_detection(model, test, gp, progress=progress),
     }
+    # The feature-space baselines are fitted on held-out known objects: the validation
+    # split's, where the dataset has one (the GP's score reference comes from it too).
+    bank = None
+    if (data / 'val').is_dir():
+        bank = known_feature_bank(model, load_split(data / 'val', size,
+                                                    class_names=model.class_names), progress)
     report['uncertainty'] = evaluate_uncertainty(model, gp, test, test_unknown,
-                                                 progress=progress)
+                                                 progress=progress, bank=bank)
     report['ood_auroc_mutual_information'] = {
         'fixed_unknown_set': report['uncertainty']['auroc_unknown']['mutual_information']}
     if procedural_unknowns > 0:

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from uq_common.arguments import non_negative_int, open_fraction, positive_int
+from uq_common.arguments import non_negative_int, open_fraction, positive_int, unit_interval
 
 if TYPE_CHECKING:
     from uq_perception.detectors.contract import DetectorContract
@@ -56,6 +56,9 @@ _ADAPTER_OPTIONS = {
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Fit and calibrate the NTK-GP of a detector (.pt or .onnx) on a COCO dataset."""
+    from uq_eval.gp.fitting import TRANSFORM_CHOICES
+    from uq_perception.training.detection_scoring import AP_SCORE_THRESHOLD
+
     parser.add_argument('--model', type=Path, required=True,
                         help='the detector: the shipped format (.pt) or an ONNX file')
     parser.add_argument('--model-format', default=AUTO_FORMAT,
@@ -87,6 +90,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help='JSON report to write; none: --out with suffix .json')
     parser.add_argument('--max-images', type=positive_int, default=None,
                         help='use only the first images of each file (quick runs)')
+    parser.add_argument('--score-threshold', type=unit_interval, default=AP_SCORE_THRESHOLD,
+                        help='least detection score of a detection matched to an object (low, '
+                             'as for AP: an object found with a low score is still one whose '
+                             'features the GP sees)')
+    parser.add_argument('--feature-transform', default='auto', choices=TRANSFORM_CHOICES,
+                        help='the kernel\'s feature transform, per block (YOLO scale): '
+                             'centre_l2 (centre on the training mean, then L2-normalise to '
+                             'radius sqrt(d)), l2, none; auto chooses on the data '
+                             '(docs/gp_fit.md)')
     parser.add_argument('--timing-images', type=non_negative_int, default=50,
                         help='validation images timed for the query cost (0: none)')
     parser.add_argument('--threads', type=positive_int, default=1,
@@ -298,6 +310,8 @@ def write_outputs(gp: LastLayerNTKGP, report: dict[str, Any], out: Path,
 
 
 def _summary(out: Path, report_path: Path, report: dict[str, Any]) -> str:
+    from uq_perception.training.ood_baselines import format_table
+
     gp, model = report['gp'], report['model']
     lines = [f'wrote {out} for {model["model_id"]} ({len(model["classes"])} classes, '
              f'phi of {model["feature_dim"]}): NTK-GP {gp["gating"]} x{gp["num_experts"]}']
@@ -307,10 +321,16 @@ def _summary(out: Path, report_path: Path, report: dict[str, Any]) -> str:
     lines.append(f'  OOD threshold {gp["ood_threshold"]:.4g} (GP variance quantile '
                  f'{gp["ood_quantile"]}); log evidence '
                  + ', '.join(f'{e["log_evidence"]:.1f}' for e in gp['experts']))
+    lines.append(f'  feature transform {gp["feature_transform"]["kind"]} '
+                 f'({gp["feature_transform"]["rule"]})')
     unknown = report['unknown']
     if unknown['auroc'] is not None:
-        lines.append(f'  known-vs-unknown AUROC {unknown["auroc"]:.4f} '
-                     f'({unknown["known_objects"]} known, {unknown["objects"]} unknown)')
+        lines.append(f'  known-vs-unknown ({unknown["known_objects"]} known, '
+                     f'{unknown["objects"]} unknown objects), the GP beside the post-hoc scores:')
+        lines.append(format_table(unknown['scores']))
+    else:
+        lines.append('  no unknown objects annotated (--unknown): no AUROC; the uncertainty '
+                     'depends on the model\'s features, so check it on objects it must not know')
     cost = report['query_cost']
     if cost['query_over_forward'] is not None:
         lines.append(f'  query cost {cost["query_ms"]:.3f} ms per image, '
@@ -340,7 +360,9 @@ def run(args: argparse.Namespace) -> int:
               f'{data["provenance"]["val_images"]} validation images', flush=True)
         gp, fitted = fit_detector_gp(
             detector, data['train'], data['train_roles'], data['val'], data['val_roles'],
-            data['reference'], FitSettings(timing_images=args.timing_images, seed=args.seed),
+            data['reference'], FitSettings(score_threshold=args.score_threshold,
+                                           timing_images=args.timing_images, seed=args.seed,
+                                           feature_transform=args.feature_transform),
             progress=progress, log=(lambda line: print(line, flush=True)) if progress
             else (lambda line: None))
         report = {

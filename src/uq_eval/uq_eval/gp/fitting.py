@@ -55,6 +55,13 @@ Roles = Mapping[int, tuple[CategoryRole, int]]
 MIN_TRAIN_OBJECTS = 2
 #: Fewest known validation objects: the gating choice scores one half on the other.
 MIN_VAL_OBJECTS = 4
+#: The kernel's feature transforms; ``auto`` chooses among the other three.
+TRANSFORM_CHOICES = ('auto', 'centre_l2', 'l2', 'none')
+#: Fewest unknown objects found for ``auto`` to choose the transform by their AUROC.
+MIN_UNKNOWN_FOR_CHOICE = 10
+#: Features whose norms vary less than this (coefficient of variation) were normalised
+#: by the network itself, as the shipped CenterNet's are.
+NORMALISED_NORM_SPREAD = 0.01
 
 
 def _log(message: str) -> None:
@@ -78,6 +85,9 @@ class FitSettings:
         Validation images timed for the query cost (0: not timed).
     seed : int
         Seed of the GP's k-means and of the gating choice's validation halves.
+    feature_transform : str
+        The kernel's feature transform (:mod:`uq_perception.ntk.feature_transform`):
+        ``centre_l2``, ``l2``, ``none``, or ``auto`` (:func:`choose_feature_transform`).
     """
 
     score_threshold: float = AP_SCORE_THRESHOLD
@@ -86,8 +96,12 @@ class FitSettings:
     min_side: float = MIN_CLASS_SIDE
     timing_images: int = 50
     seed: int = 0
+    feature_transform: str = 'auto'
 
     def __post_init__(self) -> None:
+        if self.feature_transform not in TRANSFORM_CHOICES:
+            raise ValueError(f'feature_transform must be one of {", ".join(TRANSFORM_CHOICES)}, '
+                             f'got {self.feature_transform!r}')
         if not 0.0 <= self.score_threshold <= 1.0:
             raise ValueError(f'score_threshold must be in [0, 1], got {self.score_threshold}')
         if not 0.0 < self.iou_threshold <= 1.0:
@@ -296,7 +310,9 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
         On unreadable images, a detector that breaks the contract, or too few found known
         objects to fit (:data:`MIN_TRAIN_OBJECTS`) or calibrate (:data:`MIN_VAL_OBJECTS`).
     """
+    from uq_perception.ntk.feature_transform import FeatureBlock, FeatureTransform
     from uq_perception.training.metrics import auroc
+    from uq_perception.training.ood_baselines import format_table
     from uq_perception.training.train import fit_gp
 
     if not train_images or not val_images:
@@ -319,10 +335,25 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
                 f'{split} images; at least {least} are needed (are the class names and boxes '
                 'those of this model, and the images what it was trained on?)')
     train_known, val_known = train.known, val.known
-    gp, candidates = fit_gp(detector.head(), names, detector.model_id,
-                            train.features[train_known], train.labels[train_known],
-                            val.features[val_known], val.labels[val_known], seed=settings.seed,
-                            log=log, reference_split=reference_split)
+    unknown = ObjectFeatures(np.concatenate([train.features[~train_known],
+                                             val.features[~val_known]]),
+                             np.concatenate([train.logits[~train_known],
+                                             val.logits[~val_known]]),
+                             np.full(int((~train_known).sum() + (~val_known).sum()), -1))
+    blocks = tuple(FeatureBlock(*b) for b in detector.feature_blocks())
+
+    def fit_with(kind: str) -> tuple[LastLayerNTKGP, list[Any]]:
+        transform = None if kind == 'none' else FeatureTransform.fitted(
+            train.features[train_known], blocks, centre=kind == 'centre_l2')
+        return fit_gp(detector.head(), names, detector.model_id,
+                      train.features[train_known], train.labels[train_known],
+                      val.features[val_known], val.labels[val_known], seed=settings.seed,
+                      log=log, reference_split=reference_split, feature_transform=transform)
+
+    transform_choice = choose_feature_transform(
+        settings.feature_transform, train.features[train_known], val.features[val_known],
+        unknown.features, fit_with, log)
+    gp, candidates = transform_choice.pop('fitted')
     reference = gp.score_reference
     if reference is None:
         raise RuntimeError('the GP fit left no calibrated-score reference')
@@ -330,8 +361,7 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
     threshold = float(gp.ood_threshold) if gp.ood_threshold is not None else math.inf
     experts = np.bincount(gp.predict(train.features[train_known]).expert_id,
                           minlength=gp.num_experts)
-    unknown_variance = np.concatenate([gp.gp_variance(train.features[~train_known]),
-                                       gp.gp_variance(val.features[~val.known])])
+    unknown_variance = gp.gp_variance(unknown.features)
     unknown_report: dict[str, Any] = {
         'objects': int(unknown_variance.size),
         'annotated': train_tally.unknown_annotated + val_tally.unknown_annotated,
@@ -346,6 +376,13 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
             np.r_[np.zeros(val_variance.size, bool), np.ones(unknown_variance.size, bool)]), 4)
         log(f'known-vs-unknown AUROC of the GP variance: {unknown_report["auroc"]} '
             f'({val_variance.size} known validation, {unknown_variance.size} unknown objects)')
+        unknown_report['scores'] = ood_score_rows(
+            gp, detector.class_activation, train.features[train_known],
+            train.labels[train_known], ObjectFeatures(val.features[val_known],
+                                                      val.logits[val_known],
+                                                      val.labels[val_known]), unknown)
+        log('known-vs-unknown, the GP beside the post-hoc scores on the same detections:\n'
+            + format_table(unknown_report['scores']))
     fit_seconds = time.perf_counter() - started
     timed = list(val_images[:settings.timing_images])
     cost = measure_query_cost(detector, gp, timed, progress)
@@ -365,6 +402,7 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
                          'sigma2': float(gp.sigma2[e]), 'delta': float(gp.delta[e]),
                          'log_evidence': round(gp.log_marginal_likelihood(e), 4)}
                         for e in range(gp.num_experts)],
+            'feature_transform': transform_choice,
             'probit_lambda': gp.probit_lambda, 'temperature': gp.temperature,
             'ood_quantile': gp.config.ood_quantile, 'ood_threshold': gp.ood_threshold,
             'score_reference': {'split': reference.split, 'objects': reference.count,
@@ -380,10 +418,98 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
         'settings': {'score_threshold': settings.score_threshold,
                      'max_detections': settings.max_detections,
                      'iou_threshold': settings.iou_threshold, 'min_side': settings.min_side,
-                     'seed': settings.seed},
+                     'seed': settings.seed, 'feature_transform': settings.feature_transform},
         'fit_seconds': round(fit_seconds, 1),
     }
     log(f'NTK-GP {gp.config.gating.value} x{gp.num_experts}: OOD threshold '
         f'{gp.ood_threshold:.4g} (the {gp.config.ood_quantile:.0%} quantile of '
         f'{val_variance.size} validation objects\' GP variance)')
     return gp, report
+
+
+def choose_feature_transform(setting: str, train_features: np.ndarray,
+                             val_features: np.ndarray, unknown_features: np.ndarray,
+                             fit_with: Callable[[str], tuple[Any, Any]],
+                             log: Callable[[str], None] = _log) -> dict[str, Any]:
+    """Fit the GP with the kernel's feature transform that ``setting`` names or ``auto``
+    chooses, and say why.
+
+    ``auto`` chooses on the data, never on the test set:
+
+    - with at least :data:`MIN_UNKNOWN_FOR_CHOICE` unknown objects found in the training
+      and validation images, the transform whose GP variance separates them best from the
+      known validation objects (AUROC);
+    - else ``none`` when the network normalised its features itself (their norms vary by
+      less than :data:`NORMALISED_NORM_SPREAD`), and ``centre_l2`` otherwise.
+
+    Returns the record of the choice (the report's ``feature_transform``), with the fitted
+    ``(gp, gating candidates)`` under ``fitted``.
+    """
+    from uq_perception.training.metrics import auroc
+
+    norms = np.linalg.norm(np.asarray(train_features, np.float64), axis=1)
+    norm_spread = float(norms.std() / norms.mean()) if norms.size and norms.mean() > 0 else 0.0
+    record: dict[str, Any] = {'setting': setting,
+                              'train_norm_spread': round(norm_spread, 5)}
+    if setting != 'auto':
+        record.update(kind=setting, rule='named')
+        record['fitted'] = fit_with(setting)
+        return record
+    if len(unknown_features) >= MIN_UNKNOWN_FOR_CHOICE:
+        aurocs, fits = {}, {}
+        for kind in ('centre_l2', 'l2', 'none'):
+            fits[kind] = fit_with(kind)
+            gp = fits[kind][0]
+            known, unknown = gp.gp_variance(val_features), gp.gp_variance(unknown_features)
+            aurocs[kind] = round(auroc(np.r_[known, unknown],
+                                       np.r_[np.zeros(len(known), bool),
+                                             np.ones(len(unknown), bool)]), 4)
+            log(f'feature transform {kind}: known-vs-unknown AUROC of the GP variance '
+                f'{aurocs[kind]}')
+        kind = max(aurocs, key=lambda k: aurocs[k])
+        record.update(kind=kind, rule=f'best AUROC on {len(unknown_features)} unknown objects '
+                                      'of the training and validation images',
+                      auroc_by_kind=aurocs)
+        record['fitted'] = fits[kind]
+    else:
+        kind = 'none' if norm_spread < NORMALISED_NORM_SPREAD else 'centre_l2'
+        record.update(kind=kind, rule=(
+            f'fewer than {MIN_UNKNOWN_FOR_CHOICE} unknown objects: feature norms vary by '
+            f'{norm_spread:.3g} of their mean, '
+            + ('already normalised by the network' if kind == 'none'
+               else 'so centred and normalised per block')))
+        record['fitted'] = fit_with(kind)
+    log(f'feature transform chosen: {kind} ({record["rule"]})')
+    return record
+
+
+def ood_score_rows(gp: LastLayerNTKGP, activation: str, train_features: np.ndarray,
+                   train_labels: np.ndarray, known: ObjectFeatures,
+                   unknown: ObjectFeatures) -> list[dict[str, Any]]:
+    """AUROC and FPR95 of the GP, its calibrated score, a fused score and every post-hoc
+    baseline (:mod:`uq_perception.training.ood_baselines`), known objects against unknown
+    ones, all on the same detections.
+
+    The fused score is the mean of two quantiles among the known objects: the GP variance's
+    (the calibrated score) and the MSP's. It is reported beside the others, never published.
+    """
+    from uq_perception.training.ood_baselines import FeatureBank, baseline_scores, score_table
+
+    bank = FeatureBank.fitted(train_features, train_labels)
+    per_side = []
+    for objects in (known, unknown):
+        variance = gp.gp_variance(objects.features)
+        scores = {'gp_variance': variance}
+        reference = gp.score_reference
+        if reference is not None:
+            scores['calibrated_score'] = reference.score(variance)
+        scores.update(baseline_scores(objects.logits, objects.features, bank, activation))
+        per_side.append(scores)
+    known_scores, unknown_scores = per_side
+    if 'calibrated_score' in known_scores:
+        msp_sorted = np.sort(known_scores['msp'])
+        for scores in per_side:
+            msp_quantile = np.searchsorted(msp_sorted, scores['msp'], side='right') \
+                / len(msp_sorted)
+            scores['fused_gp_msp'] = 0.5 * (scores['calibrated_score'] + msp_quantile)
+    return score_table(known_scores, unknown_scores)

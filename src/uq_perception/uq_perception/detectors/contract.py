@@ -130,6 +130,18 @@ class DetectorContract(abc.ABC):
     def head(self) -> LinearHead:
         """The linear classification head ``(W, b)`` the detections' logits come from."""
 
+    def feature_blocks(self) -> tuple[tuple[int, int, int | None], ...]:
+        """The blocks of ``phi`` as ``(start, stop, bias column or None)``: one block, the
+        whole vector, unless the detector stacks one block per scale (the ONNX adapter's
+        multi-scale YOLO layout). The GP's feature transform normalises each block alone."""
+        return ((0, self.feature_dim, None),)
+
+    @property
+    def class_activation(self) -> str:
+        """``softmax`` or ``sigmoid``: how the detector turns its logits into class
+        probabilities (the MSP baseline uses the same)."""
+        return 'softmax'
+
     @abc.abstractmethod
     def infer(self, image_rgb: np.ndarray, score_threshold: float,
               max_detections: int) -> Detections:

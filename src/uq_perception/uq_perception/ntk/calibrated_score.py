@@ -36,6 +36,8 @@ NO_CALIBRATED_SCORE = -1.0
 DEFAULT_REFERENCE_LEVELS = 101
 MAX_REFERENCE_LEVELS = 10001
 _MAX_TEXT = 200
+# Least spread of the reference's variances, relative to the largest, that ranks detections.
+MIN_RELATIVE_SPREAD = 1e-6
 # Variances are floored here before the logarithm (an exact 0 has none).
 _TINY_VARIANCE = 1e-300
 
@@ -116,6 +118,17 @@ class ScoreReference:
     def maximum(self) -> float:
         """The largest validation variance (score 1 above it)."""
         return self.variance_quantiles[-1]
+
+    def spread_problem(self) -> str | None:
+        """Why the reference cannot rank detections, or None: validation variances that
+        are all the same (a degenerate GP fit) leave scores and OOD flags to round-off."""
+        lowest, highest = self.variance_quantiles[0], self.variance_quantiles[-1]
+        if highest - lowest > MIN_RELATIVE_SPREAD * highest > 0.0:
+            return None
+        return (f'the GP variances of the {self.count} {self.split} objects behind the '
+                f'calibrated score are all {highest:.3g} (to 1 part in '
+                f'{1 / MIN_RELATIVE_SPREAD:.0e}): scores and OOD flags cannot rank detections; '
+                'refit the GP on more data')
 
     def score(self, variance: np.ndarray) -> np.ndarray:
         """``(B,)`` calibrated scores in ``[0, 1]`` of ``(B,)`` GP variances.

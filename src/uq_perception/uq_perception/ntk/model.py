@@ -134,6 +134,7 @@ from uq_perception.ntk.evidence import (
     golden_section_minimum,
     log_marginal_likelihood,
 )
+from uq_perception.ntk.feature_transform import FeatureTransform
 from uq_perception.ntk.gating import kmeans, nearest_centroid
 from uq_perception.ntk.linalg import check_matrix, spd_inverse
 from uq_perception.ntk.persistence import read_state, write_state
@@ -209,6 +210,9 @@ class LastLayerNTKGP:
         # Validation variances behind the calibrated score (calibrated_score.py); None (states
         # written before it existed) means no score.
         self.score_reference: ScoreReference | None = None
+        # Kernel features of a detector the product did not train (feature_transform.py);
+        # None: the features as the detector gives them. Set before fit().
+        self.feature_transform: FeatureTransform | None = None
         # Identifiers of the labels applied by update(), persisted with the state, so that a
         # label delivered twice (a retry after a lost answer) is applied once.
         self.applied_updates: list[str] = []
@@ -278,6 +282,8 @@ class LastLayerNTKGP:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        # Pickles of states from before the feature transform existed have none.
+        state.setdefault('feature_transform', None)
         self.__dict__.update(state)
         self._lock = threading.RLock()
 
@@ -385,7 +391,7 @@ class LastLayerNTKGP:
             if x.shape[0] > limit:
                 rng = np.random.default_rng(self.config.seed)
                 x = x[np.sort(rng.choice(x.shape[0], limit, replace=False))]
-            sample = check_matrix(x, 'features', self.feature_dim)
+            sample = self._kernel_features(check_matrix(x, 'features', self.feature_dim))
             self._centroids = kmeans(sample, self.num_experts,
                                      iterations=self.config.kmeans_iterations,
                                      seed=self.config.seed)
@@ -401,7 +407,7 @@ class LastLayerNTKGP:
         parts = [check_matrix(c[0], 'features', self.feature_dim) for c in buffered]
         if not parts:
             raise ValueError('cannot fit on an empty feature stream')
-        sample = np.concatenate(parts)[:limit]
+        sample = self._kernel_features(np.concatenate(parts)[:limit])
         self._centroids = kmeans(sample, self.num_experts,
                                  iterations=self.config.kmeans_iterations,
                                  seed=self.config.seed)
@@ -428,9 +434,11 @@ class LastLayerNTKGP:
             if x_np.shape[0] == 0:
                 continue
             x_np = check_matrix(x_np, 'features', d)
+            raw = torch.from_numpy(np.ascontiguousarray(x_np, dtype=np.float64))
+            base_logits = raw @ weight_t + bias_t
+            x_np = self._kernel_features(x_np)
             x = torch.from_numpy(np.ascontiguousarray(x_np, dtype=np.float64))
             n = x.shape[0]
-            base_logits = x @ weight_t + bias_t
             if raw_y is None:
                 y = base_logits.argmax(1)
             else:
@@ -527,13 +535,30 @@ class LastLayerNTKGP:
             self._updates[e] = 0
             self._refresh_extra_weight(e)
 
+    def _kernel_features(self, x: np.ndarray) -> np.ndarray:
+        """The features the kernel sees: ``x`` itself, or its transform."""
+        return x if self.feature_transform is None else self.feature_transform(x)
+
     def _prior_new_class_weight(self) -> np.ndarray:
+        # A taught class's logit starts ``margin`` below the mean logit. Without a transform
+        # that prior mean is linear in phi~ (these weights); with one it is not, so the
+        # weights start at zero and _query adds the prior mean from the logits themselves.
+        if self.feature_transform is not None:
+            return np.zeros(self.feature_dim + 1)
         return np.append(self._weight.mean(0),
                          self._bias.mean() - self.config.new_class_margin)
 
+    def _new_class_prior_mean(self, base_logits: np.ndarray) -> np.ndarray:
+        """The prior mean of a taught class's logit that its weights do not carry."""
+        if self.feature_transform is None:
+            return np.zeros(base_logits.shape[:-1])
+        return base_logits.mean(axis=-1) - self.config.new_class_margin
+
     def _new_class_residual(self, phi: np.ndarray, base_logits: np.ndarray) -> float:
         target = float(base_logits.max()) + self.config.new_class_margin
-        return target - float(self._prior_new_class_weight() @ phi)
+        prior = float(self._prior_new_class_weight() @ phi) + float(
+            self._new_class_prior_mean(base_logits[:self.num_base_classes]))
+        return target - prior
 
     def _refresh_extra_weight(self, e: int) -> None:
         if self._extra_residual.shape[1]:
@@ -552,9 +577,6 @@ class LastLayerNTKGP:
         self._require_fitted()
         x = check_matrix(features, 'features', self.feature_dim)
         b, d = x.shape
-        phi = np.empty((b, d + 1))
-        phi[:, :d] = x
-        phi[:, d] = 1.0
         c_base, c_all = self.num_base_classes, self.num_classes
         if logits is None:
             base = x @ self._weight.T + self._bias
@@ -564,6 +586,10 @@ class LastLayerNTKGP:
                 raise ValueError(f'logits must have shape ({b}, {c_base}) or ({b}, {c_all}), '
                                  f'got {given.shape}')
             base = given.astype(np.float64)
+        x = self._kernel_features(x)
+        phi = np.empty((b, d + 1))
+        phi[:, :d] = x
+        phi[:, d] = 1.0
         if self.config.gating is Gating.CLASS:
             expert = np.argmax(base[:, :c_base], axis=1)
         elif self.num_experts == 1:
@@ -572,7 +598,8 @@ class LastLayerNTKGP:
             expert = nearest_centroid(x, self._centroids, self._centroid_sq)
         full = base
         if base.shape[1] < c_all:
-            extra = np.einsum('bp,bkp->bk', phi, self._extra_weight[expert])
+            extra = np.einsum('bp,bkp->bk', phi, self._extra_weight[expert]) \
+                + self._new_class_prior_mean(base[:, :c_base])[:, None]
             full = np.concatenate([base, extra], axis=1)
         if self.num_experts == 1:
             variance = np.einsum('ij,ij->i', phi @ self._covariance[0], phi)
@@ -754,8 +781,9 @@ class LastLayerNTKGP:
             elif class_name is not None and class_name != self.class_names[label]:
                 raise ValueError(f'label {label} is {self.class_names[label]!r}, '
                                  f'not {class_name!r}')
-            phi = np.append(x, 1.0)
             base_logits = x @ self._weight.T + self._bias
+            x = self._kernel_features(x[None])[0]
+            phi = np.append(x, 1.0)
             if self.config.gating is Gating.CLASS:
                 e = int(np.argmax(base_logits))
             elif self.num_experts == 1:
@@ -799,6 +827,10 @@ class LastLayerNTKGP:
         """float32 ``centroids (M, D)`` and ``precision_inverse (M, D+1, D+1)`` tensors."""
         with self._lock:
             self._require_fitted()
+            if self.feature_transform is not None:
+                raise ValueError('the in-graph GP query does not apply a feature transform: '
+                                 'query this GP on the host (the CUDA graph runs the shipped '
+                                 'CenterNet, whose GP has none)')
             return {'centroids': torch.tensor(self._centroids, dtype=torch.float32),
                     'precision_inverse': torch.tensor(self._covariance, dtype=torch.float32)}
 
@@ -821,6 +853,8 @@ class LastLayerNTKGP:
                 else self.box_calibration.to_meta(),
                 'score_reference': None if self.score_reference is None
                 else self.score_reference.to_meta(),
+                'feature_transform': None if self.feature_transform is None
+                else self.feature_transform.to_meta(),
             }
             arrays = {
                 'weight': self._weight, 'bias': self._bias, 'centroids': self._centroids,
@@ -828,6 +862,8 @@ class LastLayerNTKGP:
                 'extra_residual': self._extra_residual, 'sigma2': self._sigma2,
                 'delta': self._delta,
             }
+            if self.feature_transform is not None:
+                arrays['feature_transform_means'] = self.feature_transform.means_array()
             write_state(path, meta, arrays)
 
     @classmethod
@@ -980,6 +1016,12 @@ class LastLayerNTKGP:
         model.box_calibration = None if box_meta is None else BoxCalibration.from_meta(box_meta)
         reference = meta.get('score_reference')
         model.score_reference = None if reference is None else ScoreReference.from_meta(reference)
+        transform = meta.get('feature_transform')
+        if transform is not None:
+            if 'feature_transform_means' not in arrays:
+                raise ValueError('feature_transform without its means array')
+            model.feature_transform = FeatureTransform.from_meta(
+                transform, arrays['feature_transform_means'], d)
         model._refresh_gating_cache()
         model._refactor(range(m))
         model._fitted = True

@@ -433,6 +433,21 @@ class OnnxDetector(DetectorContract):
     def head(self) -> LinearHead:
         return self.tap.head
 
+    def feature_blocks(self) -> tuple[tuple[int, int, int | None], ...]:
+        if not self.tap.stacked:
+            return super().feature_blocks()
+        # The stacked layout of _candidates: [phi_s; 1] per class node, one after another.
+        blocks, start = [], 0
+        for node in self.tap.nodes:
+            width = node.head.weight.shape[1]
+            blocks.append((start, start + width, start + width))
+            start += width + 1
+        return tuple(blocks)
+
+    @property
+    def class_activation(self) -> str:
+        return self.score_activation.value
+
     def describe(self) -> dict[str, Any]:
         """The resolved tap and settings, for logs and reports."""
         return {'model_id': self.model_id, 'layout': self.tap.layout.value,

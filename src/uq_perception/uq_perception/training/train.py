@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from uq_perception.detectors.centernet import CenterNetDetector
     from uq_perception.detectors.contract import LinearHead
     from uq_perception.ntk import LastLayerNTKGP
+    from uq_perception.ntk.feature_transform import FeatureTransform
     from uq_perception.training.detector_data import CocoTrainingData, DetectionSplit, Targets
 
 # Validation NLLs closer than this count as equal; the gating with fewer experts wins.
@@ -418,12 +419,17 @@ class GPCandidate:
     validation_nll: float
 
 
+#: Least spread of the validation GP variances, relative to the largest, of a usable fit.
+MIN_RELATIVE_SPREAD = 1e-6
+
+
 def fit_gp(head: LinearHead, class_names: Sequence[str], model_id: str,
            train_features: np.ndarray, train_labels: np.ndarray, val_features: np.ndarray,
            val_labels: np.ndarray,
            candidates: tuple[tuple[str, int], ...] = (('kmeans', 1), ('kmeans', 4),
                                                       ('class', 0)),
-           seed: int = 0, log: Any = _log, reference_split: str = 'val'
+           seed: int = 0, log: Any = _log, reference_split: str = 'val',
+           feature_transform: FeatureTransform | None = None
            ) -> tuple[LastLayerNTKGP, list[GPCandidate]]:
     """Fit the last-layer NTK-GP and choose its gating on validation data.
 
@@ -450,6 +456,13 @@ def fit_gp(head: LinearHead, class_names: Sequence[str], model_id: str,
         ``(gating, num_experts)`` pairs; class gating uses one expert per class (pass 0).
     reference_split : str
         Name of the validation data, recorded as the score reference's provenance.
+    feature_transform : FeatureTransform, optional
+        The kernel's feature transform (fitted on ``train_features``), stored in the GP.
+
+    Raises
+    ------
+    ValueError
+        With too few validation objects, or a degenerate fit (:func:`check_variance_spread`).
     """
     from uq_perception.ntk import Gating, LastLayerNTKGP, NTKGPConfig
     from uq_perception.training.metrics import nll
@@ -469,6 +482,7 @@ def fit_gp(head: LinearHead, class_names: Sequence[str], model_id: str,
                              else experts, gating=mode, seed=seed)
         gp = LastLayerNTKGP(weight, bias, config=config, class_names=names,
                             model_id=model_id)
+        gp.feature_transform = feature_transform
         return gp.fit(train_features, train_labels)
 
     if not candidates:
@@ -494,9 +508,29 @@ def fit_gp(head: LinearHead, class_names: Sequence[str], model_id: str,
     log(f'NTK-GP chosen: {chosen.gating} x{chosen.num_experts}')
     gp = build(chosen.gating, chosen.num_experts)
     gp.calibrate_probabilities(val_features, val_labels)
+    check_variance_spread(gp.gp_variance(val_features), gp, len(train_labels))
     gp.calibrate_ood(val_features)
     gp.calibrate_score(val_features, reference_split)
     return gp, scored
+
+
+def check_variance_spread(val_variance: np.ndarray, gp: LastLayerNTKGP,
+                          train_objects: int) -> None:
+    """Refuse a degenerate fit: one whose GP variance is the same for every validation
+    object, so that OOD flags and calibrated scores would be decided by round-off.
+
+    It happens when the evidence drives the prior precision up on too few training objects
+    for the feature dimension (one fit on 13 objects and D = 64 put it at 1.5e13).
+    """
+    largest = float(np.max(val_variance)) if len(val_variance) else 0.0
+    if len(val_variance) and np.ptp(val_variance) > MIN_RELATIVE_SPREAD * largest > 0.0:
+        return
+    raise ValueError(
+        f'degenerate GP fit: the GP variance of the {len(val_variance)} validation objects is '
+        f'the same to 1 part in {1 / MIN_RELATIVE_SPREAD:.0e} ({largest:.3g}; prior precision '
+        f'{float(np.max(gp.delta)):.3g}), so it cannot rank them; fit on more found objects '
+        f'(this fit had {train_objects} training objects for {gp.feature_dim} features: '
+        f'at least {gp.feature_dim + 1} are needed)')
 
 
 def source_commit() -> str:
