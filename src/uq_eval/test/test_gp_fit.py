@@ -87,7 +87,18 @@ def test_onnx_detector_fit_report_and_artefact(tmp_path, capsys, onnx_model):
     assert gp.score_reference.count == report['validation']['known_objects']
     red, blue_phi = np.array([[0.8, 0.16, 0.16]]), np.array([[0.16, 0.16, 0.8]])
     assert gp.gp_variance(blue_phi)[0] > gp.ood_threshold > gp.gp_variance(red)[0]
-    assert 'known-vs-unknown AUROC' in stdout and str(out) in stdout
+    # The GP beside every post-hoc baseline, on the same detections, in the report and output.
+    rows = {row['score']: row for row in report['unknown']['scores']}
+    assert list(rows) == ['gp_variance', 'calibrated_score', 'msp', 'max_logit', 'energy',
+                          'mahalanobis', 'knn', 'fused_gp_msp']
+    assert rows['gp_variance']['auroc'] == report['unknown']['auroc']
+    assert all(0.0 <= r['auroc'] <= 1.0 and 0.0 <= r['fpr95'] <= 1.0 for r in rows.values())
+    assert all(name in stdout for name in rows) and 'FPR95' in stdout and str(out) in stdout
+    # With unknown objects annotated, the transform is chosen by their AUROC and recorded.
+    choice = report['gp']['feature_transform']
+    assert choice['kind'] in ('centre_l2', 'l2', 'none') and 'best AUROC' in choice['rule']
+    assert choice['auroc_by_kind'][choice['kind']] == max(choice['auroc_by_kind'].values())
+    assert (gp.feature_transform is None) == (choice['kind'] == 'none')
     assert report['provenance']['arguments']['annotations'] == str(annotations)
 
 

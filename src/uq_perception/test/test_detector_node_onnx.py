@@ -28,6 +28,7 @@ from uq_msgs.msg import DetectionArray  # noqa: E402
 from uq_perception.detector_node import DetectorNode  # noqa: E402
 from uq_perception.detectors.contract import extract_features, gp_head_arguments  # noqa: E402
 from uq_perception.ntk import LastLayerNTKGP, NTKGPConfig  # noqa: E402
+from uq_perception.ntk.feature_transform import FeatureBlock, FeatureTransform  # noqa: E402
 from uq_perception.runtime.onnx_adapter import OnnxDetector  # noqa: E402
 
 TIMEOUT_S = 30.0
@@ -58,8 +59,9 @@ def _node(context, path, gp_path, **parameters) -> DetectorNode:
         Parameter(name, value=value) for name, value in values.items()])
 
 
-def test_onnx_model_publishes_detections_with_its_gp_over_dds(ros_context, onnx_files, toy):
-    path, gp_path, model_id, feature_dim = onnx_files
+def _detections_of_one_frame(ros_context, path, gp_path, toy) -> DetectionArray:
+    """Start a detector node on the model and GP, configure and activate it over its
+    lifecycle service, publish one scene over DDS, and return the first DetectionArray."""
     detector = _node(ros_context, path, gp_path)
     client = Node('onnx_detector_test_client', context=ros_context)
     received: list[DetectionArray] = []
@@ -89,19 +91,53 @@ def test_onnx_model_publishes_detections_with_its_gp_over_dds(ros_context, onnx_
             images.publish(msg)
             time.sleep(0.2)
         assert received, 'no DetectionArray within the timeout'
-        out = received[0]
-        assert out.backend == 'onnxruntime' and out.model_id == model_id
-        assert out.class_names == ['class_0', 'class_1', 'class_2']
-        assert 1 <= len(out.detections) <= 5 and out.header.stamp.sec == 7
-        for det in out.detections:
-            assert len(det.embedding) == feature_dim
-            assert np.isfinite(det.uncertainty.gp_variance) and det.uncertainty.gp_variance > 0
-            assert 0.0 <= det.score <= 1.0 and 0 <= det.center_x <= 200
+        return received[0]
     finally:
         executor.shutdown()
         thread.join(timeout=5)
         client.destroy_node()
         detector.destroy_node()
+
+
+def test_onnx_model_publishes_detections_with_its_gp_over_dds(ros_context, onnx_files, toy):
+    path, gp_path, model_id, feature_dim = onnx_files
+    out = _detections_of_one_frame(ros_context, path, gp_path, toy)
+    assert out.backend == 'onnxruntime' and out.model_id == model_id
+    assert out.class_names == ['class_0', 'class_1', 'class_2']
+    assert 1 <= len(out.detections) <= 5 and out.header.stamp.sec == 7
+    for det in out.detections:
+        assert len(det.embedding) == feature_dim
+        assert np.isfinite(det.uncertainty.gp_variance) and det.uncertainty.gp_variance > 0
+        assert 0.0 <= det.score <= 1.0 and 0 <= det.center_x <= 200
+
+
+def test_a_per_scale_feature_transform_gives_fit_node_and_evaluator_one_variance(
+        ros_context, tmp_path, onnx_files, toy):
+    path, _, _, _ = onnx_files
+    detector = OnnxDetector(path)
+    # The YOLO-style net has a class head per scale: phi is one block per scale.
+    blocks = detector.feature_blocks()
+    assert len(blocks) == 3 and all(bias == stop for _, stop, bias in blocks)
+    features = extract_features(detector, [toy.scene(seed, (120, 160)) for seed in range(8)],
+                                0.05, 30)
+    fitted = LastLayerNTKGP(config=NTKGPConfig(num_experts=1), **gp_head_arguments(detector))
+    fitted.feature_transform = FeatureTransform.fitted(
+        features.embeddings, [FeatureBlock(*b) for b in blocks])
+    fitted.fit(features.embeddings)
+    fitted.calibrate_ood(features.embeddings)
+    gp_path = tmp_path / 'yolo_transformed_gp.npz'
+    fitted.save(gp_path)
+    out = _detections_of_one_frame(ros_context, path, gp_path, toy)
+    assert out.detections
+    embeddings = np.array([det.embedding for det in out.detections], np.float32)
+    published = np.array([det.uncertainty.gp_variance for det in out.detections])
+    evaluator = LastLayerNTKGP.load(gp_path).gp_variance(embeddings)
+    np.testing.assert_allclose(published, fitted.gp_variance(embeddings), rtol=1e-6)
+    np.testing.assert_allclose(evaluator, fitted.gp_variance(embeddings), rtol=1e-6)
+    # The transform is what the node applied: without it the variances differ.
+    plain = LastLayerNTKGP(config=NTKGPConfig(num_experts=1), **gp_head_arguments(detector))
+    plain.fit(features.embeddings)
+    assert not np.allclose(plain.gp_variance(embeddings), published, rtol=1e-3, atol=0.0)
 
 
 def test_onnx_model_needs_the_onnxruntime_backend_and_its_own_gp(ros_context, onnx_files,

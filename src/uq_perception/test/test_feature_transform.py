@@ -71,10 +71,13 @@ def test_bad_layouts_are_refused(blocks, message):
         FeatureTransform.fitted(np.ones((4, 7)), blocks)
 
 
-def test_a_block_without_training_rows_is_refused():
-    rows = stacked_rows(np.random.default_rng(1), 10, 0)
-    with pytest.raises(ValueError, match=r'block \[4, 6\) has no training rows'):
-        FeatureTransform.fitted(rows, STACKED)
+def test_a_scale_without_training_rows_is_only_normalised():
+    rng = np.random.default_rng(1)
+    transform = FeatureTransform.fitted(stacked_rows(rng, 10, 0), STACKED)
+    assert transform.counts == (10, 0)
+    assert (transform.means[1] == 0).all()
+    later = transform(stacked_rows(rng, 4, 1))
+    np.testing.assert_allclose(np.linalg.norm(later[:, 4:6], axis=1), math.sqrt(2))
 
 
 def _small_norm_problem(seed: int = 0):

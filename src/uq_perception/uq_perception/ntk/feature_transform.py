@@ -95,7 +95,7 @@ class FeatureTransform:
     centred : bool
         Whether the means were fitted (False: the transform only normalises).
     counts : tuple[int, ...]
-        Training rows of each block.
+        Training rows of each block (0: none, its mean is zero).
     """
 
     blocks: tuple[FeatureBlock, ...]
@@ -108,11 +108,14 @@ class FeatureTransform:
                centre: bool = True) -> FeatureTransform:
         """Fit the block means on ``features`` (the GP's training rows).
 
+        A block without training rows (a scale at which no training object was detected)
+        keeps a zero mean: the GP has seen nothing there, so its variance stays the
+        prior's whatever the centre.
+
         Raises
         ------
         ValueError
-            If the features are not a finite ``(N, D)`` matrix, the blocks do not fit ``D``,
-            or a block has no training row (its statistics would be made up).
+            If the features are not a finite ``(N, D)`` matrix or the blocks do not fit ``D``.
         """
         x = check_matrix(features, 'features').astype(np.float64)
         layout = check_blocks(blocks, x.shape[1])
@@ -120,11 +123,8 @@ class FeatureTransform:
         for block in layout:
             rows = _rows_of(x, block)
             count = int(rows.sum())
-            if count == 0:
-                raise ValueError(f'block [{block.start}, {block.stop}) has no training rows: '
-                                 'no detection of the training data came from it')
             counts.append(count)
-            means.append(x[rows, block.start:block.stop].mean(axis=0) if centre
+            means.append(x[rows, block.start:block.stop].mean(axis=0) if centre and count
                          else np.zeros(block.width))
         return cls(layout, tuple(means), bool(centre), tuple(counts))
 
@@ -173,8 +173,8 @@ class FeatureTransform:
                                  f'got {item!r:.80}')
             blocks.append(FeatureBlock(*item))
         layout = check_blocks(blocks, feature_dim)
-        if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in counts):
-            raise ValueError(f'feature_transform counts must be integers >= 1, got {counts!r:.80}')
+        if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
+            raise ValueError(f'feature_transform counts must be integers >= 0, got {counts!r:.80}')
         means = np.asarray(means, dtype=np.float64)
         widths = [b.width for b in layout]
         if means.shape != (sum(widths),) or not np.isfinite(means).all():
