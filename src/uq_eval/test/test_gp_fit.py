@@ -89,7 +89,8 @@ def test_onnx_detector_fit_report_and_artefact(tmp_path, capsys, onnx_model):
     assert gp.gp_variance(blue_phi)[0] > gp.ood_threshold > gp.gp_variance(red)[0]
     # The GP beside every post-hoc baseline, on the same detections, in the report and output.
     rows = {row['score']: row for row in report['unknown']['scores']}
-    assert list(rows) == ['gp_variance', 'calibrated_score', 'msp', 'max_logit', 'energy',
+    assert list(rows) == ['gp_variance', 'predictive_entropy', 'mutual_information',
+                          'predictive_msp', 'calibrated_score', 'msp', 'max_logit', 'energy',
                           'mahalanobis', 'knn', 'fused_gp_msp']
     assert rows['gp_variance']['auroc'] == report['unknown']['auroc']
     assert all(0.0 <= r['auroc'] <= 1.0 and 0.0 <= r['fpr95'] <= 1.0 for r in rows.values())
@@ -99,6 +100,12 @@ def test_onnx_detector_fit_report_and_artefact(tmp_path, capsys, onnx_model):
     assert choice['kind'] in ('centre_l2', 'l2', 'none') and 'best AUROC' in choice['rule']
     assert choice['auroc_by_kind'][choice['kind']] == max(choice['auroc_by_kind'].values())
     assert (gp.feature_transform is None) == (choice['kind'] == 'none')
+    # So is what the calibrated score ranks: the best of the GP's predictive signals there.
+    signal = report['gp']['score_signal']
+    assert signal['auroc_by_signal'][signal['signal']] == max(signal['auroc_by_signal'].values())
+    assert gp.score_reference.signal == signal['signal']
+    # The score is a monotone map of that signal (saturating at 1 beyond every known object).
+    assert rows['calibrated_score']['auroc'] <= signal['auroc_by_signal'][signal['signal']]
     assert report['provenance']['arguments']['annotations'] == str(annotations)
 
 

@@ -354,6 +354,8 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
         settings.feature_transform, train.features[train_known], val.features[val_known],
         unknown.features, fit_with, log)
     gp, candidates = transform_choice.pop('fitted')
+    signal_choice = choose_score_signal(gp, val.features[val_known], val.logits[val_known],
+                                        unknown, reference_split, log)
     reference = gp.score_reference
     if reference is None:
         raise RuntimeError('the GP fit left no calibrated-score reference')
@@ -403,6 +405,7 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
                          'log_evidence': round(gp.log_marginal_likelihood(e), 4)}
                         for e in range(gp.num_experts)],
             'feature_transform': transform_choice,
+            'score_signal': signal_choice,
             'probit_lambda': gp.probit_lambda, 'temperature': gp.temperature,
             'ood_quantile': gp.config.ood_quantile, 'ood_threshold': gp.ood_threshold,
             'score_reference': {'split': reference.split, 'objects': reference.count,
@@ -483,26 +486,65 @@ def choose_feature_transform(setting: str, train_features: np.ndarray,
     return record
 
 
+def predictive_signals(gp: LastLayerNTKGP, features: np.ndarray,
+                       logits: np.ndarray) -> dict[str, np.ndarray]:
+    """Every signal a calibrated score may rank (``SCORE_SIGNALS``), from one query of the
+    GP's predictive at the detections' own logits."""
+    out = gp.predict(features, logits)
+    return {'gp_variance': out.gp_variance, 'predictive_entropy': out.predictive_entropy,
+            'mutual_information': out.mutual_information,
+            'predictive_msp': 1.0 - out.probabilities.max(axis=1, initial=0.0)}
+
+
+def choose_score_signal(gp: LastLayerNTKGP, val_features: np.ndarray, val_logits: np.ndarray,
+                        unknown: ObjectFeatures, reference_split: str,
+                        log: Callable[[str], None] = _log) -> dict[str, Any]:
+    """Choose what the calibrated score ranks, and set its reference on the validation
+    objects.
+
+    The rule: with at least :data:`MIN_UNKNOWN_FOR_CHOICE` unknown objects found in the
+    training and validation images, the signal of the GP's predictive (``SCORE_SIGNALS``)
+    that separates them best from the known validation objects (AUROC; the GP variance
+    wins ties); otherwise the GP variance, as without a choice. Returns the record of it.
+    """
+    from uq_perception.training.metrics import auroc
+
+    if len(unknown.labels) < MIN_UNKNOWN_FOR_CHOICE:
+        return {'signal': 'gp_variance',
+                'rule': f'fewer than {MIN_UNKNOWN_FOR_CHOICE} unknown objects: the GP variance'}
+    known = predictive_signals(gp, val_features, val_logits)
+    other = predictive_signals(gp, unknown.features, unknown.logits)
+    targets = np.r_[np.zeros(len(val_features), bool), np.ones(len(unknown.labels), bool)]
+    aurocs = {name: round(auroc(np.r_[known[name], other[name]], targets), 4)
+              for name in known}
+    signal = max(aurocs, key=lambda name: (aurocs[name], name == 'gp_variance'))
+    gp.calibrate_score(val_features, reference_split, signal=signal, logits=val_logits)
+    log(f'calibrated score ranks {signal}: known-vs-unknown AUROC '
+        + ', '.join(f'{name} {value}' for name, value in aurocs.items()))
+    return {'signal': signal, 'rule': f'best AUROC on {len(unknown.labels)} unknown objects '
+                                      'of the training and validation images',
+            'auroc_by_signal': aurocs}
+
+
 def ood_score_rows(gp: LastLayerNTKGP, activation: str, train_features: np.ndarray,
                    train_labels: np.ndarray, known: ObjectFeatures,
                    unknown: ObjectFeatures) -> list[dict[str, Any]]:
-    """AUROC and FPR95 of the GP, its calibrated score, a fused score and every post-hoc
-    baseline (:mod:`uq_perception.training.ood_baselines`), known objects against unknown
-    ones, all on the same detections.
+    """AUROC and FPR95 of the GP's predictive signals, its calibrated score, a fused score
+    and every post-hoc baseline (:mod:`uq_perception.training.ood_baselines`), known
+    objects against unknown ones, all on the same detections.
 
-    The fused score is the mean of two quantiles among the known objects: the GP variance's
-    (the calibrated score) and the MSP's. It is reported beside the others, never published.
+    The fused score is the mean of two quantiles among the known objects: the calibrated
+    score and the MSP's quantile. It is reported beside the others, never published.
     """
     from uq_perception.training.ood_baselines import FeatureBank, baseline_scores, score_table
 
     bank = FeatureBank.fitted(train_features, train_labels)
     per_side = []
     for objects in (known, unknown):
-        variance = gp.gp_variance(objects.features)
-        scores = {'gp_variance': variance}
-        reference = gp.score_reference
-        if reference is not None:
-            scores['calibrated_score'] = reference.score(variance)
+        scores = predictive_signals(gp, objects.features, objects.logits)
+        calibrated = gp.predict(objects.features, objects.logits).calibrated_score
+        if calibrated is not None:
+            scores['calibrated_score'] = calibrated
         scores.update(baseline_scores(objects.logits, objects.features, bank, activation))
         per_side.append(scores)
     known_scores, unknown_scores = per_side

@@ -13,6 +13,12 @@ function interpolated linearly in log-variance between those quantiles (variance
 over orders of magnitude; their logarithm is where interpolation is even), 0 below the
 smallest and 1 above the largest.
 
+The signal behind the score is the GP variance unless the artefact names another (field
+``signal``, :data:`SCORE_SIGNALS`): a summary of the GP's whole predictive ``N(logits, GP
+variance)`` that ``uq gp fit`` chose because it separated the unknown objects it was given
+better, on a detector whose features the variance alone reads poorly. Every signal is
+non-negative, so the reference and the score are the same for each.
+
 The reference is fixed when the artefact is written. Labels learnt online lower the GP
 variance near what they teach, so a detection's score falls with them: a taught object
 ends up scored like the known objects. A new fit of the GP (a new posterior) discards the
@@ -36,6 +42,11 @@ NO_CALIBRATED_SCORE = -1.0
 DEFAULT_REFERENCE_LEVELS = 101
 MAX_REFERENCE_LEVELS = 10001
 _MAX_TEXT = 200
+#: Signals a score reference may rank, all of the GP's predictive ``N(logits, variance)``:
+#: its variance; its predictive entropy ``H[E p]``; its mutual information (the epistemic
+#: part of that entropy); and ``1 - max E p``, one minus the predictive max probability.
+SCORE_SIGNALS = ('gp_variance', 'predictive_entropy', 'mutual_information',
+                 'predictive_msp')
 # Least spread of the reference's variances, relative to the largest, that ranks detections.
 MIN_RELATIVE_SPREAD = 1e-6
 # Variances are floored here before the logarithm (an exact 0 has none).
@@ -58,12 +69,15 @@ class ScoreReference:
         Number of validation objects.
     model_id : str
         The model (detector weights and GP) whose variances these are.
+    signal : str
+        What the quantiles are of (:data:`SCORE_SIGNALS`; the GP variance unless named).
     """
 
     variance_quantiles: tuple[float, ...]
     split: str
     count: int
     model_id: str
+    signal: str = 'gp_variance'
 
     def __post_init__(self) -> None:
         q = self.variance_quantiles
@@ -85,14 +99,19 @@ class ScoreReference:
                                  f'characters, got {text!r:.80}')
         if not self.split:
             raise ValueError('split must name the data of the reference')
+        if self.signal not in SCORE_SIGNALS:
+            raise ValueError(f'signal must be one of {", ".join(SCORE_SIGNALS)}, got '
+                             f'{self.signal!r:.40}')
         if isinstance(self.count, bool) or not isinstance(self.count, numbers.Integral) \
                 or self.count < 1:
             raise ValueError(f'count must be an integer >= 1, got {self.count!r:.40}')
 
     @classmethod
     def from_variances(cls, variances: np.ndarray, split: str, model_id: str,
-                       levels: int = DEFAULT_REFERENCE_LEVELS) -> ScoreReference:
-        """The reference of ``variances`` (GP variances of known validation objects).
+                       levels: int = DEFAULT_REFERENCE_LEVELS,
+                       signal: str = 'gp_variance') -> ScoreReference:
+        """The reference of ``variances``: the ``signal`` (by default the GP variance) of
+        known validation objects.
 
         Raises
         ------
@@ -112,7 +131,8 @@ class ScoreReference:
         quantiles = np.quantile(v, np.linspace(0.0, 1.0, int(levels)))
         # Monotone by construction; max.accumulate removes interpolation round-off.
         quantiles = np.maximum.accumulate(quantiles)
-        return cls(tuple(float(x) for x in quantiles), str(split), int(v.size), str(model_id))
+        return cls(tuple(float(x) for x in quantiles), str(split), int(v.size), str(model_id),
+                   signal)
 
     @property
     def maximum(self) -> float:
@@ -125,7 +145,7 @@ class ScoreReference:
         lowest, highest = self.variance_quantiles[0], self.variance_quantiles[-1]
         if highest - lowest > MIN_RELATIVE_SPREAD * highest > 0.0:
             return None
-        return (f'the GP variances of the {self.count} {self.split} objects behind the '
+        return (f'the {self.signal} values of the {self.count} {self.split} objects behind the '
                 f'calibrated score are all {highest:.3g} (to 1 part in '
                 f'{1 / MIN_RELATIVE_SPREAD:.0e}): scores and OOD flags cannot rank detections; '
                 'refit the GP on more data')
@@ -161,8 +181,14 @@ class ScoreReference:
 
     def to_meta(self) -> dict[str, Any]:
         """JSON-ready form for the GP state's metadata."""
-        return {'variance_quantiles': list(self.variance_quantiles), 'split': self.split,
+        meta = {'variance_quantiles': list(self.variance_quantiles), 'split': self.split,
                 'count': self.count, 'model_id': self.model_id}
+        # Only a signal other than the variance is written: a reader that predates the field
+        # refuses such a file (its field check is exact) instead of misreading it, and still
+        # reads the files of the default.
+        if self.signal != 'gp_variance':
+            meta['signal'] = self.signal
+        return meta
 
     @classmethod
     def from_meta(cls, meta: Any) -> ScoreReference:
@@ -170,7 +196,7 @@ class ScoreReference:
         if not isinstance(meta, dict):
             raise ValueError(f'score_reference must be a JSON object, got {meta!r:.80}')
         expected = {'variance_quantiles', 'split', 'count', 'model_id'}
-        if set(meta) != expected:
+        if not expected <= set(meta) <= expected | {'signal'}:
             raise ValueError(f'score_reference must have exactly the fields '
                              f'{sorted(expected)}, got {sorted(map(str, meta))}')
         quantiles = meta['variance_quantiles']
@@ -178,6 +204,7 @@ class ScoreReference:
             raise ValueError(f'score_reference.variance_quantiles must be a list, got '
                              f'{quantiles!r:.80}')
         try:
-            return cls(tuple(quantiles), meta['split'], meta['count'], meta['model_id'])
+            return cls(tuple(quantiles), meta['split'], meta['count'], meta['model_id'],
+                       meta.get('signal', 'gp_variance'))
         except ValueError as exc:
             raise ValueError(f'score_reference: {exc}') from None

@@ -658,9 +658,10 @@ class LastLayerNTKGP:
             ood = variance > threshold if threshold is not None \
                 else np.zeros(len(variance), dtype=bool)
             reference = self.score_reference
+            score = None if reference is None else reference.score(_score_signal(
+                reference.signal, variance, total, mutual, probs))
             return UncertaintyOutput(mean, variance, class_variance, probs, total, expected,
-                                     mutual, ood, expert.astype(np.int64),
-                                     None if reference is None else reference.score(variance))
+                                     mutual, ood, expert.astype(np.int64), score)
 
     # ------------------------------------------------------------------ calibration
 
@@ -678,7 +679,8 @@ class LastLayerNTKGP:
             return self.ood_threshold
 
     def calibrate_score(self, features: np.ndarray, split: str,
-                        levels: int = DEFAULT_REFERENCE_LEVELS) -> ScoreReference:
+                        levels: int = DEFAULT_REFERENCE_LEVELS, signal: str = 'gp_variance',
+                        logits: np.ndarray | None = None) -> ScoreReference:
         """Set the reference of the calibrated score from known validation objects.
 
         Parameters
@@ -690,11 +692,19 @@ class LastLayerNTKGP:
             Name of the data, stored as the reference's provenance.
         levels : int
             Number of stored quantiles.
+        signal : str
+            What the score ranks (:data:`~uq_perception.ntk.calibrated_score.SCORE_SIGNALS`):
+            the GP variance, or a summary of the whole predictive ``N(logits, variance)``.
+        logits : np.ndarray, optional
+            The objects' network logits (default ``W phi + b``), for a predictive signal.
         """
         with self._lock:
-            variance = self._query(features)[1]
-            self.score_reference = ScoreReference.from_variances(variance, split,
-                                                                 self.model_id, levels)
+            self.score_reference = None
+            out = self.predict(features, logits)
+            values = _score_signal(signal, out.gp_variance, out.predictive_entropy,
+                                   out.mutual_information, out.probabilities)
+            self.score_reference = ScoreReference.from_variances(values, split, self.model_id,
+                                                                 levels, signal)
             return self.score_reference
 
     def calibrate_probabilities(self, features: np.ndarray, labels: np.ndarray,
@@ -1026,3 +1036,17 @@ class LastLayerNTKGP:
         model._refactor(range(m))
         model._fitted = True
         return model
+
+
+def _score_signal(signal: str, variance: np.ndarray, entropy: np.ndarray,
+                  mutual: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
+    """The values of ``signal`` (``SCORE_SIGNALS``) from one query's predictive summary."""
+    if signal == 'gp_variance':
+        return variance
+    if signal == 'predictive_entropy':
+        return np.maximum(entropy, 0.0)
+    if signal == 'mutual_information':
+        return np.maximum(mutual, 0.0)
+    if signal == 'predictive_msp':
+        return 1.0 - probabilities.max(axis=1, initial=0.0)
+    raise ValueError(f'unknown score signal {signal!r}')
