@@ -13,7 +13,7 @@ from std_msgs.msg import Header
 
 from uq_perception.detectors.centernet import Detections
 from uq_perception.messages import detection_array_message
-from uq_perception.ntk import NO_CALIBRATED_SCORE, LastLayerNTKGP, ScoreReference
+from uq_perception.ntk import NO_CALIBRATED_SCORE, LastLayerNTKGP, NTKGPConfig, ScoreReference
 from uq_perception.ntk.persistence import read_state, write_state
 from uq_perception.perception import FrameResult
 from uq_perception.teaching import teach
@@ -218,3 +218,41 @@ def test_messages_say_minus_one_where_the_model_has_no_reference():
         assert out.ood_threshold == -1.0
         assert out.uncertainty.calibrated_score == -1.0
         assert all(d.uncertainty.calibrated_score == -1.0 for d in out.detections)
+
+
+def test_a_reference_of_another_signal_keeps_the_models_variance_range():
+    entropy = np.linspace(0.1, 1.0, 50)
+    reference = ScoreReference.from_variances(entropy, 'val', 'm', signal='predictive_entropy',
+                                              variance_maximum=0.004)
+    assert reference.maximum == 0.004 and reference.variance_quantiles[-1] == 1.0
+    back = ScoreReference.from_meta(reference.to_meta())
+    assert back == reference
+    # The default signal writes the same fields as before it existed.
+    plain = ScoreReference.from_variances(entropy, 'val', 'm')
+    assert set(plain.to_meta()) == {'variance_quantiles', 'split', 'count', 'model_id'}
+    for meta, message in (
+            ({**reference.to_meta(), 'signal': 'energy'}, 'signal must be one of'),
+            ({**reference.to_meta(), 'variance_maximum': None}, 'exactly when'),
+            ({**plain.to_meta(), 'variance_maximum': 1.0}, 'exactly when'),
+            ({**reference.to_meta(), 'variance_maximum': -1.0}, 'finite number >= 0')):
+        with pytest.raises(ValueError, match=message):
+            ScoreReference.from_meta(meta)
+
+
+def test_the_score_follows_the_signal_the_artefact_names(tmp_path):
+    rng = np.random.default_rng(5)
+    weight = rng.normal(size=(3, 4))
+    features = rng.normal(size=(200, 4))
+    gp = LastLayerNTKGP(weight, np.zeros(3), NTKGPConfig(num_experts=1), model_id='m')
+    gp.fit(features, np.argmax(features @ weight.T, axis=1))
+    val = rng.normal(size=(40, 4))
+    gp.calibrate_score(val, 'val', signal='predictive_entropy')
+    out = gp.predict(val)
+    assert gp.score_reference.maximum == pytest.approx(out.gp_variance.max())
+    # Ranks by entropy: the order of the scores is the order of the entropies.
+    order = np.argsort(out.predictive_entropy)
+    assert (np.diff(out.calibrated_score[order]) >= -1e-12).all()
+    gp.save(tmp_path / 'gp.npz')
+    loaded = LastLayerNTKGP.load(tmp_path / 'gp.npz')
+    assert loaded.score_reference.signal == 'predictive_entropy'
+    np.testing.assert_array_equal(loaded.predict(val).calibrated_score, out.calibrated_score)

@@ -71,6 +71,9 @@ class ScoreReference:
         The model (detector weights and GP) whose variances these are.
     signal : str
         What the quantiles are of (:data:`SCORE_SIGNALS`; the GP variance unless named).
+    variance_maximum : float, optional
+        The largest GP variance of the objects, for another signal than the variance (the
+        model's range of raw variance, which raw thresholds are checked against).
     """
 
     variance_quantiles: tuple[float, ...]
@@ -78,6 +81,7 @@ class ScoreReference:
     count: int
     model_id: str
     signal: str = 'gp_variance'
+    variance_maximum: float | None = None
 
     def __post_init__(self) -> None:
         q = self.variance_quantiles
@@ -102,6 +106,14 @@ class ScoreReference:
         if self.signal not in SCORE_SIGNALS:
             raise ValueError(f'signal must be one of {", ".join(SCORE_SIGNALS)}, got '
                              f'{self.signal!r:.40}')
+        if (self.signal == 'gp_variance') != (self.variance_maximum is None):
+            raise ValueError('variance_maximum is given exactly when the signal is not the '
+                             'GP variance')
+        value = self.variance_maximum
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                                  or not math.isfinite(value) or value < 0):
+            raise ValueError(f'variance_maximum must be a finite number >= 0, got '
+                             f'{value!r:.40}')
         if isinstance(self.count, bool) or not isinstance(self.count, numbers.Integral) \
                 or self.count < 1:
             raise ValueError(f'count must be an integer >= 1, got {self.count!r:.40}')
@@ -109,7 +121,8 @@ class ScoreReference:
     @classmethod
     def from_variances(cls, variances: np.ndarray, split: str, model_id: str,
                        levels: int = DEFAULT_REFERENCE_LEVELS,
-                       signal: str = 'gp_variance') -> ScoreReference:
+                       signal: str = 'gp_variance',
+                       variance_maximum: float | None = None) -> ScoreReference:
         """The reference of ``variances``: the ``signal`` (by default the GP variance) of
         known validation objects.
 
@@ -132,11 +145,14 @@ class ScoreReference:
         # Monotone by construction; max.accumulate removes interpolation round-off.
         quantiles = np.maximum.accumulate(quantiles)
         return cls(tuple(float(x) for x in quantiles), str(split), int(v.size), str(model_id),
-                   signal)
+                   signal, variance_maximum)
 
     @property
     def maximum(self) -> float:
-        """The largest validation variance (score 1 above it)."""
+        """The largest GP variance of the validation objects (for the variance signal, the
+        score is 1 above it)."""
+        if self.variance_maximum is not None:
+            return self.variance_maximum
         return self.variance_quantiles[-1]
 
     def spread_problem(self) -> str | None:
@@ -187,7 +203,7 @@ class ScoreReference:
         # refuses such a file (its field check is exact) instead of misreading it, and still
         # reads the files of the default.
         if self.signal != 'gp_variance':
-            meta['signal'] = self.signal
+            meta.update(signal=self.signal, variance_maximum=self.variance_maximum)
         return meta
 
     @classmethod
@@ -196,7 +212,7 @@ class ScoreReference:
         if not isinstance(meta, dict):
             raise ValueError(f'score_reference must be a JSON object, got {meta!r:.80}')
         expected = {'variance_quantiles', 'split', 'count', 'model_id'}
-        if not expected <= set(meta) <= expected | {'signal'}:
+        if not expected <= set(meta) <= expected | {'signal', 'variance_maximum'}:
             raise ValueError(f'score_reference must have exactly the fields '
                              f'{sorted(expected)}, got {sorted(map(str, meta))}')
         quantiles = meta['variance_quantiles']
@@ -205,6 +221,6 @@ class ScoreReference:
                              f'{quantiles!r:.80}')
         try:
             return cls(tuple(quantiles), meta['split'], meta['count'], meta['model_id'],
-                       meta.get('signal', 'gp_variance'))
+                       meta.get('signal', 'gp_variance'), meta.get('variance_maximum'))
         except ValueError as exc:
             raise ValueError(f'score_reference: {exc}') from None

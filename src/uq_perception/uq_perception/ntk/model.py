@@ -703,8 +703,9 @@ class LastLayerNTKGP:
             out = self.predict(features, logits)
             values = _score_signal(signal, out.gp_variance, out.predictive_entropy,
                                    out.mutual_information, out.probabilities)
-            self.score_reference = ScoreReference.from_variances(values, split, self.model_id,
-                                                                 levels, signal)
+            self.score_reference = ScoreReference.from_variances(
+                values, split, self.model_id, levels, signal,
+                None if signal == 'gp_variance' else float(np.max(out.gp_variance)))
             return self.score_reference
 
     def calibrate_probabilities(self, features: np.ndarray, labels: np.ndarray,
