@@ -255,6 +255,39 @@ def test_model_without_a_linear_head_is_refused(tmp_path, toy):
         OnnxDetector(path)
 
 
+class ReducedDetr(nn.Module):
+    """A DETR-style head whose graph already keeps the top queries and writes box, score and
+    class per kept query, as Ultralytics' RT-DETR export and YOLO exports with nms=True do."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.width = width
+        self.conv = nn.Conv2d(3, 8, 3, 4, 1)
+        self.classes = nn.Linear(8, 5)
+        self.boxes = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        queries = self.conv(x).flatten(2).transpose(1, 2)
+        scores, labels = self.classes(queries).sigmoid().max(-1)
+        keep = scores.topk(10, dim=1).indices
+
+        def kept(t: torch.Tensor) -> torch.Tensor:
+            return torch.gather(t, 1, keep.unsqueeze(-1).expand(-1, -1, t.shape[-1]))
+
+        parts = [kept(self.boxes(queries).sigmoid()), kept(scores.unsqueeze(-1)),
+                 kept(labels.float().unsqueeze(-1))]
+        return torch.cat(parts + [torch.zeros_like(parts[1])] * (self.width - 6), -1)
+
+
+@pytest.mark.parametrize('width', [6, 7])
+def test_outputs_already_reduced_in_the_graph_are_refused_for_that_reason(tmp_path, toy, width):
+    torch.manual_seed(0)
+    path = toy.export(ReducedDetr(width).eval(), (32, 32), tmp_path / 'reduced.onnx', ['out'])
+    with pytest.raises(ValueError, match=rf'the output out \(1, 10, {width}\) is already '
+                                         r'reduced in the graph.*nms=False'):
+        OnnxDetector(path)
+
+
 def test_settings_change_the_processing(yolo, toy):
     _, path = yolo
     image = toy.scene(3, (150, 260))

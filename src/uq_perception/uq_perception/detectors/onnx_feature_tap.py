@@ -35,6 +35,9 @@ from uq_perception.detectors.contract import LinearHead
 #: Largest deviation (relative to ``max(1, |value|)``) between a class node's activated
 #: output and the model's class output for the node to count as the class-logit node.
 MATCH_TOLERANCE = 1e-4
+# Last sizes of an output that is one row per kept detection (box 4, score, class; some
+# exports add a batch or mask index): no class logits are left to match.
+REDUCED_WIDTHS = (6, 7)
 
 
 class HeadLayout(StrEnum):
@@ -425,6 +428,14 @@ def find_feature_tap(proto: Any, run: Callable[[bytes], Mapping[str, np.ndarray]
         tap = _find_detr(outputs, values, candidates)
     if tap is None:
         shapes = ', '.join(f'{n} {tuple(v.shape)}' for n, v in outputs.items())
+        reduced = [n for n, v in outputs.items() if v.ndim == 3 and v.shape[-1] in
+                   REDUCED_WIDTHS]
+        if len(outputs) == 1 and reduced:
+            raise ValueError(
+                f'the output {reduced[0]} {tuple(outputs[reduced[0]].shape)} is already '
+                'reduced in the graph (box, score and class of each kept detection): it '
+                'holds no class logits to match per detection; export the model without '
+                'in-graph NMS or top-k (Ultralytics: nms=False for YOLOv8/11)')
         raise ValueError(
             f'no class-logit node found for layout {layout.value} (outputs: {shapes}): '
             'expected a YOLO output (1, 4 + C, N) made from per-scale 1x1 class convolutions, '
