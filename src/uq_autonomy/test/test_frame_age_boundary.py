@@ -14,7 +14,8 @@ import math
 
 import pytest
 
-from uq_autonomy.arbiter import ArbiterConfig, stamp_problem
+from uq_autonomy.arbiter import stamp_problem
+from uq_autonomy.arbiter_config import ArbiterConfig
 
 CLOCK_S = 1024.0
 LIMITS_S = [0.125, 0.25, 1.0, 4.0]

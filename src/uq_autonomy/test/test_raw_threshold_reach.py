@@ -18,17 +18,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from uq_autonomy.arbiter import (
-    RAW_THRESHOLD_REACH,
-    Arbiter,
+from uq_autonomy.arbiter import RAW_THRESHOLD_REACH, Arbiter, Thresholds
+from uq_autonomy.arbiter_config import (
     ArbiterConfig,
-    DetectionSummary,
     Level,
     ModelRange,
-    Thresholds,
     UncertaintySignal,
     signal_problem,
 )
+from uq_autonomy.frame_validity import DetectionSummary
 
 GP = UncertaintySignal.GP_VARIANCE
 # The shipped model's figures (models/detector_gp.npz), a model with a far wider range and
