@@ -20,7 +20,6 @@ test fails on them.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -28,20 +27,9 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-
-
-def _sibling(name: str) -> Any:
-    """A helper module beside this file (no test folder is on ``sys.path``)."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-GatingObserver = _sibling('gating_observer').GatingObserver
+from gating_observer import GatingObserver
 
 WORKSPACE = Path(__file__).resolve().parents[1]
 CONFIG = WORKSPACE / 'config'

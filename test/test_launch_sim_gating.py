@@ -22,14 +22,12 @@ launch files"):
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import tempfile
 import time
 import unittest
 import zlib
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -42,19 +40,9 @@ import launch  # noqa: E402
 import launch_testing  # noqa: E402
 import launch_testing.actions  # noqa: E402
 import launch_testing.asserts  # noqa: E402
+from gating_observer import GatingObserver  # noqa: E402
 from launch.actions import IncludeLaunchDescription  # noqa: E402
 from launch.launch_description_sources import PythonLaunchDescriptionSource  # noqa: E402
-
-
-def _sibling(name: str) -> Any:
-    """A helper module beside this file (no test folder is on ``sys.path``)."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-GatingObserver = _sibling('gating_observer').GatingObserver
 
 WORKSPACE = Path(__file__).resolve().parents[1]
 SIM = WORKSPACE / 'launch' / 'sim.launch.py'
