@@ -18,11 +18,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from uq_autonomy.arbiter import RAW_THRESHOLD_REACH, Arbiter, Thresholds
+from uq_autonomy.arbiter import Arbiter
 from uq_autonomy.arbiter_config import (
+    RAW_THRESHOLD_REACH,
     ArbiterConfig,
     Level,
     ModelRange,
+    Thresholds,
     UncertaintySignal,
     signal_problem,
 )
