@@ -10,6 +10,11 @@ export AMENT_PREFIX_PATH="$_uq_root/.venv${AMENT_PREFIX_PATH:+:$AMENT_PREFIX_PAT
 # colcon's setup scripts read unset variables; relax nounset while sourcing them.
 case $- in *u*) _uq_nounset=1; set +u;; *) _uq_nounset=0;; esac
 source "$_uq_root/install/setup.bash"
+# Optional: vision_msgs built from source by scripts/build_vision_msgs.sh (docs/deployment.md);
+# the detector then also publishes vision_msgs/Detection2DArray.
+if [ -f "$_uq_root/build/vision_msgs_ws/install/local_setup.bash" ]; then
+  source "$_uq_root/build/vision_msgs_ws/install/local_setup.bash"
+fi
 [ "$_uq_nounset" = 1 ] && set -u
 # Console scripts of ament_python packages live in lib/<package>; put them on PATH so
 # `uq` and the node executables run directly (there is no `ros2 run` from PyPI).

@@ -122,3 +122,12 @@ def test_the_manifests_keys_against_a_rosdistro_checkout():
     documented = [line for line in section.splitlines() if line.startswith('| `')]
     assert documented == table, 'docs/deployment.md: the rosdep table is not the check\'s ' \
                                 'output; paste it from scripts/check_rosdep_keys.py'
+
+
+def test_the_optional_vision_msgs_is_a_run_key_that_resolves_to_its_ros_package():
+    # Optional at run time (the detector's detections_2d), yet a run key: rosdep installs it
+    # on a robot, so the robot has the standard output.
+    keys = check.manifest_keys()
+    assert keys['vision_msgs'] == {'exec_depends'}
+    assert check.resolve('vision_msgs', 'ubuntu', 'noble', {'vision_msgs'}, {}, 'jazzy') == \
+        check.Resolution('ROS', ('ros-jazzy-vision-msgs',))

@@ -86,3 +86,85 @@ def test_builder_reusing_messages_matches_fresh_messages_frame_after_frame():
         built = builder.build(frame, header, 'pytorch-cpu', 'model-x')
         assert built == detection_array_message(frame, header, 'pytorch-cpu', 'model-x')
         assert len(built.detections) == count
+
+
+def test_detection_2d_array_is_the_same_frame_as_the_detection_array():
+    pytest.importorskip('vision_msgs.msg', reason='vision_msgs is not installed '
+                        '(scripts/build_vision_msgs.sh builds it from a source checkout)')
+    import dataclasses
+
+    from uq_perception.messages import detection_2d_array_message
+
+    frame = _frame(4)
+    scores = np.array([0.1, -1.0, 0.9, 0.5])  # one detection without a calibrated score
+    frame = dataclasses.replace(frame, uncertainty=dataclasses.replace(
+        frame.uncertainty, calibrated_score=scores))
+    header = Header(frame_id='camera')
+    header.stamp.sec, header.stamp.nanosec = 7, 11
+    uq = detection_array_message(frame, header, 'pytorch-cpu', 'm')
+    standard = detection_2d_array_message(frame, header)
+    assert standard.header == header
+    assert len(standard.detections) == len(uq.detections) == 4
+    for det, mine in zip(standard.detections, uq.detections, strict=True):
+        assert det.header == header and det.id == str(mine.track_id)
+        assert [det.bbox.center.position.x, det.bbox.center.position.y, det.bbox.size_x,
+                det.bbox.size_y] == [mine.center_x, mine.center_y, mine.width, mine.height]
+        assert det.bbox.center.theta == 0.0
+        ids = [r.hypothesis.class_id for r in det.results]
+        assert ids[0] == mine.class_id
+        probabilities = {r.hypothesis.class_id: r.hypothesis.score
+                         for r in det.results[:len(CLASSES)]}
+        assert probabilities == dict(zip(CLASSES, mine.class_probabilities, strict=True))
+        reserved = {r.hypothesis.class_id: r.hypothesis.score
+                    for r in det.results[len(CLASSES):]}
+        assert reserved.pop('uq/out_of_distribution') == \
+            float(mine.uncertainty.out_of_distribution)
+        if mine.uncertainty.calibrated_score < 0:
+            assert reserved == {}
+        else:
+            # float32, as the uq message carries it once serialised.
+            assert reserved == {
+                'uq/calibrated_score': float(np.float32(mine.uncertainty.calibrated_score))}
+        for result in det.results:
+            pose = result.pose.pose
+            assert (pose.position.x, pose.position.y, pose.position.z) == (
+                mine.center_x, mine.center_y, 0.0)
+            assert (pose.orientation.x, pose.orientation.y, pose.orientation.z,
+                    pose.orientation.w) == (0.0, 0.0, 0.0, 1.0)
+            covariance = np.asarray(result.pose.covariance).reshape(6, 6)
+            assert np.diag(covariance)[:4].tolist() == [float(s) ** 2 for s in mine.box_std]
+            assert np.count_nonzero(covariance - np.diag(np.diag(covariance))) == 0
+            assert np.diag(covariance)[4:].tolist() == [0.0, 0.0]
+
+
+def test_detection_2d_array_of_a_frame_without_detections_is_empty():
+    pytest.importorskip('vision_msgs.msg', reason='vision_msgs is not installed '
+                        '(scripts/build_vision_msgs.sh builds it from a source checkout)')
+    from uq_perception.messages import detection_2d_array_message
+
+    header = Header(frame_id='camera')
+    out = detection_2d_array_message(_frame(0), header)
+    assert out.header == header and len(out.detections) == 0
+
+
+def test_detection_2d_builder_reusing_messages_matches_fresh_messages_frame_after_frame():
+    pytest.importorskip('vision_msgs.msg', reason='vision_msgs is not installed '
+                        '(scripts/build_vision_msgs.sh builds it from a source checkout)')
+    import dataclasses
+
+    from uq_perception.messages import Detection2DArrayBuilder, detection_2d_array_message
+
+    # More detections, fewer, none, some again; a calibrated score or not (one hypothesis
+    # more or less): nothing of an earlier frame may remain.
+    builder = Detection2DArrayBuilder()
+    header = Header(frame_id='camera')
+    for count, scored in ((4, True), (2, False), (0, True), (3, True), (5, False)):
+        frame = _frame(count)
+        if scored:
+            frame = dataclasses.replace(frame, uncertainty=dataclasses.replace(
+                frame.uncertainty, calibrated_score=np.linspace(0, 1, count)))
+        header.stamp.sec = count
+        built = builder.build(frame, header)
+        assert built == detection_2d_array_message(frame, header)
+        assert len(built.detections) == count
+        assert all(len(d.results) == len(CLASSES) + 1 + scored for d in built.detections)

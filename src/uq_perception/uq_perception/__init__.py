@@ -10,7 +10,7 @@ The package reads from the robot outwards:
 - :mod:`.runtime`: how a detector runs on the robot (backends, ONNX Runtime, ONNX export,
   CUDA graphs, TensorRT engine build, memory tuning, model loading);
 - :mod:`.detectors`: what a detector is (the contract, the shipped CenterNet, the ONNX
-  graph's feature tap, model files);
+  graph's feature tap, model files, the standard 2D detection fields of vision_msgs);
 - :mod:`.ntk`: the NTK-GP engine;
 - :mod:`.training`: off the robot (training, data readers, GP fitting, score reference,
   detection scoring and metrics). Nothing on the per-frame path imports it.

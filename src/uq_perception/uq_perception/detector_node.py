@@ -21,6 +21,12 @@ Topics (relative names, remap as usual):
   (``camera_info_mismatches``) and makes the diagnostics WARN: the intrinsics then do not
   describe the image, and whatever projects detections with them is off.
 - ``detections`` (uq_msgs/DetectionArray, out): stamped with the image's stamp.
+- ``detections_2d`` (vision_msgs/Detection2DArray, out): the same detections, in the same
+  order and with the same header, as the ecosystem's standard 2D detections (class
+  probabilities, box covariance, track id, calibrated score and OOD flag by the convention
+  of docs/detector_contract.md); built only while someone subscribes. Where vision_msgs is
+  not installed, or with ``publish_vision_msgs: false``, it does not exist and the node
+  says so in one line at start.
 - ``overlay`` (sensor_msgs/Image, out): boxes coloured by uncertainty (only rendered
   while someone subscribes).
 - ``markers`` (visualization_msgs/MarkerArray, out).
@@ -93,7 +99,13 @@ from uq_msgs.msg import DetectionArray
 from uq_msgs.srv import TeachObject
 from uq_perception.detectors.model_files import default_detector_path, default_gp_path
 from uq_perception.duplicate_suppression import DuplicateSuppression
-from uq_perception.messages import DetectionArrayBuilder, marker_array_message
+from uq_perception.messages import (
+    VISION_MSGS_MISSING,
+    Detection2DArray,
+    Detection2DArrayBuilder,
+    DetectionArrayBuilder,
+    marker_array_message,
+)
 from uq_perception.runtime.backends import DEFAULT_CPU_BACKEND, BackendKind
 from uq_perception.runtime.cuda_graph import Precision
 from uq_perception.runtime.loading import (
@@ -249,6 +261,10 @@ PARAMETERS = [
     ParameterSpec('publish_embeddings', True,
                   'Publish each detection\'s feature vector (Detection.embedding), which the '
                   'ask-for-help node needs to teach labels and to recognise objects again.'),
+    ParameterSpec('publish_vision_msgs', True,
+                  'Also publish detections_2d (vision_msgs/Detection2DArray, '
+                  'docs/detector_contract.md) where vision_msgs is installed; false: only '
+                  'detections.', read_only=True),
     ParameterSpec('label_trust', 0.99,
                   'Share of the posterior at a labelled object\'s feature that one person\'s '
                   'label decides (0: a label counts as one training point; '
@@ -367,6 +383,14 @@ class DetectorNode(LifecycleNode):
         self._device = ''
         self._outputs: dict[str, Any] = {}
         self._detection_builder = DetectionArrayBuilder()
+        self._vision_msgs = self._params['publish_vision_msgs'] and not VISION_MSGS_MISSING
+        self._detection_2d_builder = Detection2DArrayBuilder() if self._vision_msgs else None
+        if not self._params['publish_vision_msgs']:
+            self.get_logger().info('detections_2d (vision_msgs) not published: '
+                                   'publish_vision_msgs is false')
+        elif VISION_MSGS_MISSING:
+            self.get_logger().info(f'detections_2d (vision_msgs/Detection2DArray) not '
+                                   f'published: {VISION_MSGS_MISSING}')
         self._image_input: ImageInputThread | None = None
         self._info_sub: Any = None
         self._diagnostics_timer: Any = None
@@ -409,6 +433,16 @@ class DetectorNode(LifecycleNode):
             'diagnostics': self.create_lifecycle_publisher(DiagnosticArray, '/diagnostics',
                                                            reliable),
         }
+        if self._vision_msgs:
+            try:
+                self._outputs['detections_2d'] = self.create_lifecycle_publisher(
+                    Detection2DArray, 'detections_2d', reliable)
+            except Exception as exc:
+                # The Python module imports but its type support cannot load (a partial
+                # install): the other outputs go on.
+                self._vision_msgs = False
+                self.get_logger().warning(f'detections_2d (vision_msgs) not published: '
+                                          f'{type(exc).__name__}: {exc}')
         # Labels are learnt while configured, active or not: a person may answer while the
         # camera is paused.
         self._teach_service = self.create_service(TeachObject, 'teach_object', self._on_teach)
@@ -631,6 +665,9 @@ class DetectorNode(LifecycleNode):
         # one process on one frame (a forward timed in another process differed by up to 6 %).
         self._stats.record_latency(frame.forward_ms, 'forward')
         self._stats.record_latency(latency_ms - frame.forward_ms, 'overhead')
+        standard = self._outputs.get('detections_2d')
+        if standard is not None and standard.get_subscription_count():
+            standard.publish(self._detection_2d_builder.build(frame, msg.header))
         ood_threshold = self._perception.gp.ood_threshold
         if self._outputs['markers'].get_subscription_count():
             self._outputs['markers'].publish(
@@ -721,7 +758,8 @@ def main(args: list[str] | None = None) -> int:
     """Run the node until shut down; returns the exit code (1 for an invalid configuration)."""
     parser = node_argument_parser(
         NODE_NAME, __doc__.split('\n\n')[0], PARAMETERS, 'config/detector.yaml',
-        'topics: sub image, camera_info; pub detections, overlay, markers, /diagnostics. '
+        'topics: sub image, camera_info; pub detections, detections_2d (vision_msgs), overlay, '
+        'markers, /diagnostics. '
         'Remap with --ros-args -r from:=to.')
     return run_node(DetectorNode, parser, args)
 

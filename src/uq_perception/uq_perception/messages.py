@@ -1,7 +1,10 @@
 """Conversions between the perception pipeline's results and ROS messages.
 
 Pure field mapping, no math: the detector node and the evaluation tools share it so a
-``DetectionArray`` means the same wherever it is produced.
+``DetectionArray`` means the same wherever it is produced. Where vision_msgs is installed,
+:func:`detection_2d_array_message` gives the same detections as the ecosystem's standard
+``vision_msgs/Detection2DArray`` (the values from
+:mod:`uq_perception.detectors.detection_2d`).
 """
 
 from __future__ import annotations
@@ -16,9 +19,19 @@ from std_msgs.msg import ColorRGBA, Header
 from visualization_msgs.msg import Marker, MarkerArray
 
 from uq_msgs.msg import Detection, DetectionArray
+from uq_perception.detectors.detection_2d import detection_2d_fields
 from uq_perception.ntk.calibrated_score import NO_CALIBRATED_SCORE
 from uq_perception.overlay import uncertainty_colour
 from uq_perception.perception import FrameResult
+
+# vision_msgs is optional (a robot has it from rosdep; ROS 2 from PyPI lacks it, see
+# scripts/build_vision_msgs.sh): without it, VISION_MSGS_MISSING says why.
+try:
+    from vision_msgs.msg import Detection2D, Detection2DArray, ObjectHypothesisWithPose
+    VISION_MSGS_MISSING = ''
+except ImportError as _error:
+    Detection2D = Detection2DArray = ObjectHypothesisWithPose = None
+    VISION_MSGS_MISSING = f'vision_msgs is not installed ({_error})'
 
 
 def _uncertainty_rows(frame: FrameResult) -> list[dict]:
@@ -171,3 +184,66 @@ def marker_array_message(frame: FrameResult, header: Header, ood_threshold: floa
         text.scale.z = 10.0
         markers.markers += [box, text]
     return markers
+
+
+def detection_2d_array_message(frame: FrameResult, header: Header) -> Any:
+    """``frame`` as a ``vision_msgs/Detection2DArray``, detections in the order of
+    :func:`detection_array_message`'s; ``header`` (the image's) on the array and on every
+    detection. The convention: :mod:`uq_perception.detectors.detection_2d`.
+
+    Raises
+    ------
+    RuntimeError
+        Where vision_msgs is not installed (:data:`VISION_MSGS_MISSING`).
+    """
+    return Detection2DArrayBuilder().build(frame, header)
+
+
+class Detection2DArrayBuilder:
+    """Builds :func:`detection_2d_array_message` into the same message objects frame after
+    frame, as :class:`DetectionArrayBuilder` does (a frame holds one hypothesis message per
+    class and detection: constructing them is most of the cost). The returned message is
+    only valid until the next :meth:`build`.
+
+    Raises
+    ------
+    RuntimeError
+        Where vision_msgs is not installed (:data:`VISION_MSGS_MISSING`).
+    """
+
+    def __init__(self) -> None:
+        if Detection2DArray is None:
+            raise RuntimeError(VISION_MSGS_MISSING)
+        self._message = Detection2DArray()
+        self._detections: list[Any] = []
+        self._results: list[list[Any]] = []
+
+    def build(self, frame: FrameResult, header: Header) -> Any:
+        unc = frame.uncertainty
+        fields = detection_2d_fields(frame.detections.boxes, frame.box_std, unc.probabilities,
+                                     frame.class_names, frame.track_ids,
+                                     unc.out_of_distribution, unc.calibrated_score)
+        while len(self._detections) < len(fields):
+            self._detections.append(Detection2D())
+            self._results.append([])
+        for detection, pool, values in zip(self._detections, self._results, fields,
+                                           strict=False):
+            detection.header, detection.id = header, values.id
+            detection.bbox.center.position.x = values.center_x
+            detection.bbox.center.position.y = values.center_y
+            detection.bbox.size_x, detection.bbox.size_y = values.size_x, values.size_y
+            while len(pool) < len(values.results):
+                result = ObjectHypothesisWithPose()
+                result.pose.pose.orientation.w = 1.0
+                pool.append(result)
+            covariance = np.array(values.covariance, dtype=np.float64)
+            for result, hypothesis in zip(pool, values.results, strict=False):
+                result.hypothesis.class_id = hypothesis.class_id
+                result.hypothesis.score = hypothesis.score
+                result.pose.pose.position.x = values.center_x
+                result.pose.pose.position.y = values.center_y
+                result.pose.covariance = covariance
+            detection.results = pool[:len(values.results)]
+        self._message.header = header
+        self._message.detections = self._detections[:len(fields)]
+        return self._message
