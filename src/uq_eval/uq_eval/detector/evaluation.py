@@ -174,9 +174,10 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
 
 
 def known_feature_bank(model: CenterNetDetector, split: DetectionSplit,
-                       progress: bool = False) -> FeatureBank:
+                       progress: bool = False) -> FeatureBank | None:
     """The feature-space baselines' reference: the embeddings of the detections matched to
-    the split's known objects, at the node's operating point."""
+    the split's known objects, at the node's operating point; None when fewer than two are
+    matched (an untrained model)."""
     from uq_perception.training.ood_baselines import FeatureBank
 
     dets = predict_split(model, split, OPERATING_THRESHOLD, OPERATING_MAX_DETECTIONS,
@@ -186,6 +187,8 @@ def known_feature_bank(model: CenterNetDetector, split: DetectionSplit,
         known = split.labels[i][obj_index] >= 0
         features.append(dets[i].embeddings[det_index[known]])
         labels.append(split.labels[i][obj_index[known]])
+    if sum(len(f) for f in features) < 2:
+        return None
     return FeatureBank.fitted(np.concatenate(features), np.concatenate(labels))
 
 

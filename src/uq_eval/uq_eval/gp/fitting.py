@@ -313,7 +313,7 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
     from uq_perception.ntk.feature_transform import FeatureBlock, FeatureTransform
     from uq_perception.training.metrics import auroc
     from uq_perception.training.ood_baselines import format_table
-    from uq_perception.training.train import fit_gp
+    from uq_perception.training.train import check_variance_spread, fit_gp
 
     if not train_images or not val_images:
         raise ValueError(f'need training and validation images, got {len(train_images)} and '
@@ -354,6 +354,8 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
         settings.feature_transform, train.features[train_known], val.features[val_known],
         unknown.features, fit_with, log)
     gp, candidates = transform_choice.pop('fitted')
+    # Never written silently: the node would publish flags and scores decided by round-off.
+    check_variance_spread(gp.gp_variance(val.features[val_known]), gp, int(train_known.sum()))
     signal_choice = choose_score_signal(gp, val.features[val_known], val.logits[val_known],
                                         unknown, reference_split, log)
     reference = gp.score_reference
