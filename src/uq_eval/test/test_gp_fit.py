@@ -89,9 +89,10 @@ def test_onnx_detector_fit_report_and_artefact(tmp_path, capsys, onnx_model):
     assert gp.gp_variance(blue_phi)[0] > gp.ood_threshold > gp.gp_variance(red)[0]
     # The GP beside every post-hoc baseline, on the same detections, in the report and output.
     rows = {row['score']: row for row in report['unknown']['scores']}
+    # The quadrant DETR's head is sigmoid: its lower-quantile confidence is the sigmoid's.
     assert list(rows) == ['gp_variance', 'predictive_entropy', 'mutual_information',
-                          'predictive_msp', 'calibrated_score', 'msp', 'max_logit', 'energy',
-                          'mahalanobis', 'knn', 'fused_gp_msp']
+                          'predictive_msp', 'predictive_lcb_sigmoid', 'calibrated_score', 'msp',
+                          'max_logit', 'energy', 'mahalanobis', 'knn', 'fused_gp_msp']
     assert rows['gp_variance']['auroc'] == report['unknown']['auroc']
     assert all(0.0 <= r['auroc'] <= 1.0 and 0.0 <= r['fpr95'] <= 1.0 for r in rows.values())
     assert all(name in stdout for name in rows) and 'FPR95' in stdout and str(out) in stdout

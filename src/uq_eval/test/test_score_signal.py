@@ -36,7 +36,8 @@ def test_the_predictive_score_finds_what_the_logits_carry_and_the_variance_does_
     gp.fit(train, labels)
     gp.calibrate_score(val, 'val')
     objects, val_logits = _known_and_unknown(gp, weight, val, unknown)
-    choice = choose_score_signal(gp, val, val_logits, objects, 'val', log=lambda _: None)
+    choice = choose_score_signal(gp, val, val_logits, objects, 'val', 'softmax',
+                                 log=lambda _: None)
     aurocs = choice['auroc_by_signal']
     assert aurocs['gp_variance'] < 0.75
     assert choice['signal'] in ('predictive_entropy', 'predictive_msp')
@@ -55,6 +56,7 @@ def test_without_enough_unknown_objects_the_score_ranks_the_gp_variance():
     gp.calibrate_score(val, 'val')
     few = unknown[:MIN_UNKNOWN_FOR_CHOICE - 1]
     objects, val_logits = _known_and_unknown(gp, weight, val, few)
-    choice = choose_score_signal(gp, val, val_logits, objects, 'val', log=lambda _: None)
+    choice = choose_score_signal(gp, val, val_logits, objects, 'val', 'softmax',
+                                 log=lambda _: None)
     assert choice['signal'] == 'gp_variance' and 'auroc_by_signal' not in choice
     assert gp.score_reference.signal == 'gp_variance'

@@ -14,6 +14,7 @@ from std_msgs.msg import Header
 from uq_perception.detectors.centernet import Detections
 from uq_perception.messages import detection_array_message
 from uq_perception.ntk import NO_CALIBRATED_SCORE, LastLayerNTKGP, NTKGPConfig, ScoreReference
+from uq_perception.ntk.model import score_signal
 from uq_perception.ntk.persistence import read_state, write_state
 from uq_perception.perception import FrameResult
 from uq_perception.teaching import teach
@@ -256,3 +257,20 @@ def test_the_score_follows_the_signal_the_artefact_names(tmp_path):
     loaded = LastLayerNTKGP.load(tmp_path / 'gp.npz')
     assert loaded.score_reference.signal == 'predictive_entropy'
     np.testing.assert_array_equal(loaded.predict(val).calibrated_score, out.calibrated_score)
+
+
+def test_the_lower_quantile_confidence_by_hand():
+    logits = np.array([[2.0, 0.0, -1.0], [0.5, 0.5, 0.5]])
+    variance = np.array([0.25, 0.0])
+    zeros = np.zeros(2)
+    # Top logit lowered by 2 sigma: 2 - 2 * 0.5 = 1 in the first row, 0.5 in the second.
+    sigmoid = score_signal('predictive_lcb_sigmoid', logits, variance, zeros, zeros, logits)
+    np.testing.assert_allclose(sigmoid, [1 - 1 / (1 + math.exp(-1.0)),
+                                         1 - 1 / (1 + math.exp(-0.5))])
+    softmax = score_signal('predictive_lcb_softmax', logits, variance, zeros, zeros, logits)
+    np.testing.assert_allclose(softmax, [1 - math.e / (math.e + 1 + math.exp(-1)), 1 - 1 / 3])
+    # More GP variance, less confidence, whatever the logits.
+    wider = score_signal('predictive_lcb_sigmoid', logits, variance + 1.0, zeros, zeros, logits)
+    assert (wider > sigmoid).all()
+    with pytest.raises(ValueError, match='unknown score signal'):
+        score_signal('energy', logits, variance, zeros, zeros, logits)

@@ -357,7 +357,8 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
     # Never written silently: the node would publish flags and scores decided by round-off.
     check_variance_spread(gp.gp_variance(val.features[val_known]), gp, int(train_known.sum()))
     signal_choice = choose_score_signal(gp, val.features[val_known], val.logits[val_known],
-                                        unknown, reference_split, log)
+                                        unknown, reference_split, detector.class_activation,
+                                        log)
     reference = gp.score_reference
     if reference is None:
         raise RuntimeError('the GP fit left no calibrated-score reference')
@@ -488,18 +489,22 @@ def choose_feature_transform(setting: str, train_features: np.ndarray,
     return record
 
 
-def predictive_signals(gp: LastLayerNTKGP, features: np.ndarray,
-                       logits: np.ndarray) -> dict[str, np.ndarray]:
-    """Every signal a calibrated score may rank (``SCORE_SIGNALS``), from one query of the
+def predictive_signals(gp: LastLayerNTKGP, features: np.ndarray, logits: np.ndarray,
+                       activation: str) -> dict[str, np.ndarray]:
+    """Every signal a calibrated score may rank for this detector (``SCORE_SIGNALS``; the
+    lower-quantile confidence with the detector's own ``activation``), from one query of the
     GP's predictive at the detections' own logits."""
+    from uq_perception.ntk.model import score_signal
+
     out = gp.predict(features, logits)
-    return {'gp_variance': out.gp_variance, 'predictive_entropy': out.predictive_entropy,
-            'mutual_information': out.mutual_information,
-            'predictive_msp': 1.0 - out.probabilities.max(axis=1, initial=0.0)}
+    names = ('gp_variance', 'predictive_entropy', 'mutual_information', 'predictive_msp',
+             f'predictive_lcb_{activation}')
+    return {name: score_signal(name, out.logits, out.gp_variance, out.predictive_entropy,
+                               out.mutual_information, out.probabilities) for name in names}
 
 
 def choose_score_signal(gp: LastLayerNTKGP, val_features: np.ndarray, val_logits: np.ndarray,
-                        unknown: ObjectFeatures, reference_split: str,
+                        unknown: ObjectFeatures, reference_split: str, activation: str,
                         log: Callable[[str], None] = _log) -> dict[str, Any]:
     """Choose what the calibrated score ranks, and set its reference on the validation
     objects.
@@ -514,8 +519,8 @@ def choose_score_signal(gp: LastLayerNTKGP, val_features: np.ndarray, val_logits
     if len(unknown.labels) < MIN_UNKNOWN_FOR_CHOICE:
         return {'signal': 'gp_variance',
                 'rule': f'fewer than {MIN_UNKNOWN_FOR_CHOICE} unknown objects: the GP variance'}
-    known = predictive_signals(gp, val_features, val_logits)
-    other = predictive_signals(gp, unknown.features, unknown.logits)
+    known = predictive_signals(gp, val_features, val_logits, activation)
+    other = predictive_signals(gp, unknown.features, unknown.logits, activation)
     targets = np.r_[np.zeros(len(val_features), bool), np.ones(len(unknown.labels), bool)]
     aurocs = {name: round(auroc(np.r_[known[name], other[name]], targets), 4)
               for name in known}
@@ -543,7 +548,7 @@ def ood_score_rows(gp: LastLayerNTKGP, activation: str, train_features: np.ndarr
     bank = FeatureBank.fitted(train_features, train_labels)
     per_side = []
     for objects in (known, unknown):
-        scores = predictive_signals(gp, objects.features, objects.logits)
+        scores = predictive_signals(gp, objects.features, objects.logits, activation)
         calibrated = gp.predict(objects.features, objects.logits).calibrated_score
         if calibrated is not None:
             scores['calibrated_score'] = calibrated

@@ -44,9 +44,15 @@ MAX_REFERENCE_LEVELS = 10001
 _MAX_TEXT = 200
 #: Signals a score reference may rank, all of the GP's predictive ``N(logits, variance)``:
 #: its variance; its predictive entropy ``H[E p]``; its mutual information (the epistemic
-#: part of that entropy); and ``1 - max E p``, one minus the predictive max probability.
+#: part of that entropy); ``1 - max E p``, one minus the predictive max probability; and one
+#: minus the detector's confidence at the lower two-sigma quantile of its top logit, with
+#: the detector's sigmoid or softmax (``predictive_lcb_*``): low where the logits say
+#: unsure, lower still where the GP does.
 SCORE_SIGNALS = ('gp_variance', 'predictive_entropy', 'mutual_information',
-                 'predictive_msp')
+                 'predictive_msp', 'predictive_lcb_sigmoid', 'predictive_lcb_softmax')
+#: Standard deviations below the mean of the top logit at which ``predictive_lcb_*`` reads
+#: the confidence (its 2.3 % quantile under the GP predictive).
+LCB_SIGMAS = 2.0
 # Least spread of the reference's variances, relative to the largest, that ranks detections.
 MIN_RELATIVE_SPREAD = 1e-6
 # Variances are floored here before the logarithm (an exact 0 has none).

@@ -118,7 +118,11 @@ import numpy as np
 import torch
 
 from uq_perception.ntk.box_calibration import BoxCalibration
-from uq_perception.ntk.calibrated_score import DEFAULT_REFERENCE_LEVELS, ScoreReference
+from uq_perception.ntk.calibrated_score import (
+    DEFAULT_REFERENCE_LEVELS,
+    LCB_SIGMAS,
+    ScoreReference,
+)
 from uq_perception.ntk.config import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -658,8 +662,8 @@ class LastLayerNTKGP:
             ood = variance > threshold if threshold is not None \
                 else np.zeros(len(variance), dtype=bool)
             reference = self.score_reference
-            score = None if reference is None else reference.score(_score_signal(
-                reference.signal, variance, total, mutual, probs))
+            score = None if reference is None else reference.score(score_signal(
+                reference.signal, mean, variance, total, mutual, probs))
             return UncertaintyOutput(mean, variance, class_variance, probs, total, expected,
                                      mutual, ood, expert.astype(np.int64), score)
 
@@ -701,8 +705,8 @@ class LastLayerNTKGP:
         with self._lock:
             self.score_reference = None
             out = self.predict(features, logits)
-            values = _score_signal(signal, out.gp_variance, out.predictive_entropy,
-                                   out.mutual_information, out.probabilities)
+            values = score_signal(signal, out.logits, out.gp_variance, out.predictive_entropy,
+                                  out.mutual_information, out.probabilities)
             self.score_reference = ScoreReference.from_variances(
                 values, split, self.model_id, levels, signal,
                 None if signal == 'gp_variance' else float(np.max(out.gp_variance)))
@@ -1039,9 +1043,11 @@ class LastLayerNTKGP:
         return model
 
 
-def _score_signal(signal: str, variance: np.ndarray, entropy: np.ndarray,
-                  mutual: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
-    """The values of ``signal`` (``SCORE_SIGNALS``) from one query's predictive summary."""
+
+def score_signal(signal: str, logits: np.ndarray, variance: np.ndarray, entropy: np.ndarray,
+                 mutual: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
+    """The values of ``signal`` (``SCORE_SIGNALS``) from one query's predictive summary;
+    ``logits`` are the predictive's mean."""
     if signal == 'gp_variance':
         return variance
     if signal == 'predictive_entropy':
@@ -1050,4 +1056,22 @@ def _score_signal(signal: str, variance: np.ndarray, entropy: np.ndarray,
         return np.maximum(mutual, 0.0)
     if signal == 'predictive_msp':
         return 1.0 - probabilities.max(axis=1, initial=0.0)
+    if signal in ('predictive_lcb_sigmoid', 'predictive_lcb_softmax'):
+        if not len(logits):
+            return np.zeros(0)
+        f = np.asarray(logits, np.float64)
+        top = f.argmax(axis=1)
+        rows = np.arange(len(f))
+        lowered = f[rows, top] - LCB_SIGMAS * np.sqrt(np.maximum(variance, 0.0))
+        if signal == 'predictive_lcb_sigmoid':
+            confidence = 0.5 * (1.0 + np.tanh(0.5 * lowered))
+        else:
+            others = f.copy()
+            others[rows, top] = -np.inf
+            rest = others.max(axis=1, keepdims=True)
+            # softmax probability of the top class with its logit lowered, computed stably
+            log_rest = (rest[:, 0] + np.log(np.exp(others - rest).sum(axis=1))
+                        if f.shape[1] > 1 else np.full(len(f), -np.inf))
+            confidence = 1.0 / (1.0 + np.exp(np.clip(log_rest - lowered, -700, 700)))
+        return 1.0 - confidence
     raise ValueError(f'unknown score signal {signal!r}')
