@@ -28,6 +28,7 @@ setup(
             'eval.detector = uq_eval.detector.commands:eval_detector',
             'eval.detector-gp = uq_eval.detector.commands:eval_detector_gp',
             'gp.fit = uq_eval.gp.commands:gp_fit',
+            'gp.diagnose = uq_eval.gp.commands:gp_diagnose',
             'eval.duplicates = uq_eval.detector.commands:eval_duplicates',
             'eval.bag = uq_eval.bags.commands:eval_bag',
             'eval.shared-autonomy = uq_eval.closed_loop.commands:eval_shared_autonomy',

@@ -110,6 +110,32 @@ def test_onnx_detector_fit_report_and_artefact(tmp_path, capsys, onnx_model):
     assert report['provenance']['arguments']['annotations'] == str(annotations)
 
 
+def test_diagnose_tells_the_causes_apart(tmp_path, capsys, onnx_model):
+    annotations = write_quadrant_coco(tmp_path / 'export', 40)
+    out = tmp_path / 'diagnosis.json'
+    code = uq(['gp', 'diagnose', '--no-progress', '--model', str(onnx_model), '--annotations',
+               str(annotations), '--class-names', 'red', 'green', '--unknown', 'blue',
+               '--out', str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    result = json.loads(out.read_text())
+    assert set(result['auroc']) == {'gp_variance_none', 'gp_variance_l2',
+                                    'gp_variance_centre_l2', 'neg_block_norm', 'msp',
+                                    'max_logit', 'energy'}
+    assert result['objects']['unknown'] > 0 and result['objects']['known'] > 0
+    # One block (a DETR head), holding every detection.
+    (block,) = result['per_block']
+    assert block['known'] == result['objects']['known']
+    assert sum(row['known'] + row['unknown'] for row in result['per_score_bin']) == \
+        result['objects']['known'] + result['objects']['unknown']
+    assert 'known-vs-unknown AUROC' in captured.out
+    # Without unknown objects there is nothing to tell apart: one line, exit 2.
+    code = uq(['gp', 'diagnose', '--no-progress', '--model', str(onnx_model), '--annotations',
+               str(annotations), '--class-names', 'red', 'green', '--ignore', 'blue'])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.err.count('\n') == 1 and 'unknown' in captured.err
+
+
 def test_onnx_class_names_must_match_the_data(tmp_path, capsys, onnx_model):
     annotations = write_quadrant_coco(tmp_path / 'export', 10)
     out = tmp_path / 'gp.npz'

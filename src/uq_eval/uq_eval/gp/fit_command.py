@@ -54,17 +54,40 @@ _ADAPTER_OPTIONS = {
 }
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    """Fit and calibrate the NTK-GP of a detector (.pt or .onnx) on a COCO dataset."""
-    from uq_eval.gp.fitting import TRANSFORM_CHOICES
-    from uq_perception.training.detection_scoring import AP_SCORE_THRESHOLD
-
+def add_detector_arguments(parser: argparse.ArgumentParser) -> None:
+    """The detector and how to run it: ``--model`` and the ONNX adapter's settings."""
     parser.add_argument('--model', type=Path, required=True,
                         help='the detector: the shipped format (.pt) or an ONNX file')
     parser.add_argument('--model-format', default=AUTO_FORMAT,
                         choices=[AUTO_FORMAT, 'torch', 'onnx'],
                         help='how to read --model, as the node\'s model_format (auto: .onnx is '
                              'onnx, .pt and .pth torch)')
+    parser.add_argument('--threads', type=positive_int, default=1,
+                        help='CPU threads of the network')
+    parser.add_argument('--provider', default='cpu',
+                        help='ONNX Runtime execution provider: cpu, cuda or tensorrt')
+    adapter = parser.add_argument_group('ONNX adapter settings, for --model-format onnx '
+                                        '(docs/detector_contract.md)')
+    for option, (_, text) in _ADAPTER_OPTIONS.items():
+        flag = '--' + option.replace('_', '-')
+        if option in ('class_nodes', 'class_names'):
+            adapter.add_argument(flag, nargs='+', default=None, help=text)
+        elif option in ('mean', 'std'):
+            adapter.add_argument(flag, nargs=3, type=float, default=None, metavar='V',
+                                 help=text)
+        elif option == 'input_size':
+            adapter.add_argument(flag, nargs=2, type=positive_int, default=None,
+                                 metavar=('H', 'W'), help=text)
+        elif option in ('pad_value', 'max_candidates'):
+            adapter.add_argument(flag, type=int, default=None, help=text)
+        elif option == 'nms_iou':
+            adapter.add_argument(flag, type=float, default=None, help=text)
+        else:
+            adapter.add_argument(flag, default=None, help=text)
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The COCO data, their training / validation split and the categories' roles."""
     parser.add_argument('--annotations', type=Path, required=True,
                         help='COCO instances JSON (CVAT, Label Studio, FiftyOne export)')
     parser.add_argument('--images', type=Path, default=None,
@@ -84,12 +107,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--ignore', nargs='+', default=[], metavar='CATEGORY',
                         help='categories left out (neither fitted nor scored); supercategory '
                              '"auxiliary" also marks them')
+    parser.add_argument('--max-images', type=positive_int, default=None,
+                        help='use only the first images of each file (quick runs)')
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Fit and calibrate the NTK-GP of a detector (.pt or .onnx) on a COCO dataset."""
+    from uq_eval.gp.fitting import TRANSFORM_CHOICES
+    from uq_perception.training.detection_scoring import AP_SCORE_THRESHOLD
+
+    add_detector_arguments(parser)
+    add_data_arguments(parser)
     parser.add_argument('--out', type=Path, required=True,
                         help='GP artefact to write (.npz, the node\'s gp_path)')
     parser.add_argument('--report', type=Path, default=None,
                         help='JSON report to write; none: --out with suffix .json')
-    parser.add_argument('--max-images', type=positive_int, default=None,
-                        help='use only the first images of each file (quick runs)')
     parser.add_argument('--score-threshold', type=unit_interval, default=AP_SCORE_THRESHOLD,
                         help='least detection score of a detection matched to an object (low, '
                              'as for AP: an object found with a low score is still one whose '
@@ -101,30 +133,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              '(docs/gp_fit.md)')
     parser.add_argument('--timing-images', type=non_negative_int, default=50,
                         help='validation images timed for the query cost (0: none)')
-    parser.add_argument('--threads', type=positive_int, default=1,
-                        help='CPU threads of the network')
-    parser.add_argument('--provider', default='cpu',
-                        help='ONNX Runtime execution provider: cpu, cuda or tensorrt')
     parser.add_argument('--no-progress', action='store_true',
                         help='hide progress bars and step lines (the summary stays)')
-    adapter = parser.add_argument_group('ONNX adapter settings, for --model-format onnx '
-                                        '(docs/detector_contract.md)')
-    for option, (_, text) in _ADAPTER_OPTIONS.items():
-        flag = '--' + option.replace('_', '-')
-        if option in ('class_nodes', 'class_names'):
-            adapter.add_argument(flag, nargs='+', default=None, help=text)
-        elif option in ('mean', 'std'):
-            adapter.add_argument(flag, nargs=3, type=float, default=None, metavar='V',
-                                 help=text)
-        elif option == 'input_size':
-            adapter.add_argument(flag, nargs=2, type=positive_int, default=None,
-                                 metavar=('H', 'W'), help=text)
-        elif option in ('pad_value', 'max_candidates'):
-            adapter.add_argument(flag, type=int, default=None, help=text)
-        elif option == 'nms_iou':
-            adapter.add_argument(flag, type=float, default=None, help=text)
-        else:
-            adapter.add_argument(flag, default=None, help=text)
+    parser.set_defaults(run=run)
     parser.set_defaults(run=run)
 
 
