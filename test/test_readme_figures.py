@@ -27,6 +27,8 @@ SEED_STUDY = 'docs/benchmarks/mnist_seed_study.json'
 SOAK = 'docs/benchmarks/node_soak_1200s.json'
 ASK_FOR_HELP = 'docs/ask_for_help.md'
 LABEL_LOAD = 'docs/benchmarks/label_store_load_60s.json'
+BAG_EVALUATION = 'docs/bag_evaluation.md'
+BAG_ARCHIVE = 'docs/benchmarks/bag_archive.json'
 
 
 def _text(document: str) -> str:
@@ -83,6 +85,13 @@ QUOTED = [
         (i, 'round_trip_ms_p50'), (i, 'round_trip_ms_p99'), (i, 'answers_acknowledged'),
         (i, 'labels_lost')], ('.1f',) * 5 + ('.0f', '.0f'))
       for i, name in enumerate(('SQLite', 'PostgreSQL'))],
+    # docs/bag_evaluation.md: an archive of bags, serially and on Ray
+    # (scripts/bench_bag_archive.py).
+    *[(BAG_EVALUATION, f'| {mode} | {{}} | {{}} | {{}} | {{}}x | {{}}x |', BAG_ARCHIVE,
+       [('modes', mode, key) for key in ('frames_per_s', 'evaluation_s', 'command_s',
+                                         'command_over_serial', 'frames_per_s_over_serial')],
+       ('.1f', '.1f', '.1f', '.2f', '.2f'))
+      for mode in ('serial', 'ray 1 worker', 'ray 2 workers')],
     # docs/benchmarks.md: the seed study's worst cases.
     (BENCHMARKS, "GP variance reaches at worst {} / {} / {} (FashionMNIST / KMNIST / notMNIST), "
      'the ensemble at worst {} / {} / {}', SEED_STUDY,
