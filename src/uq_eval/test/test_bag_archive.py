@@ -104,10 +104,14 @@ def test_a_list_file_names_the_bags(archive: Path, tmp_path: Path) -> None:
 def test_archives_that_cannot_be_listed(tmp_path: Path, capsys: Any) -> None:
     with pytest.raises(ArchiveError, match='does not exist'):
         find_bags(tmp_path / 'missing')
-    (tmp_path / 'empty').mkdir()
-    assert uq('eval', 'bag', str(tmp_path / 'empty'), '--no-progress') == 2
-    assert capsys.readouterr().err == f'error: {tmp_path / "empty"} holds no bag (no ' \
-                                      f'sub-folder, no listed path)\n'
+    listing = tmp_path / 'bags.txt'
+    listing.write_text('# nothing yet\n')
+    assert uq('eval', 'bag', str(listing), '--no-progress') == 2
+    assert capsys.readouterr().err == f'error: {listing} holds no bag (no sub-folder, no ' \
+                                      f'listed path)\n'
+    (tmp_path / 'empty').mkdir()  # a folder of nothing: an archive only with --ray
+    assert uq('eval', 'bag', str(tmp_path / 'empty'), '--ray', '--no-progress') == 2
+    assert 'holds no bag' in capsys.readouterr().err
 
 
 def test_without_ray_the_option_says_how_to_install_it(archive: Path, tmp_path: Path,

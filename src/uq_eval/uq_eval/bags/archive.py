@@ -54,6 +54,20 @@ def is_bag(path: Path) -> bool:
     return path.is_dir() and (path / 'metadata.yaml').is_file()
 
 
+def is_archive(path: Path) -> bool:
+    """Whether ``path`` names an archive rather than one bag: a file that is not a bag file
+    (a list), or a folder of folders that holds no bag files of its own (a bag folder
+    without its ``metadata.yaml`` is still one bag, reported as such)."""
+    if path.is_file():
+        return path.suffix not in ('.mcap', '.db3', '.yaml')
+    if not path.is_dir() or is_bag(path):
+        return False
+    children = list(path.iterdir())
+    if any(c.is_file() and c.suffix in ('.mcap', '.db3') for c in children):
+        return False
+    return any(c.is_dir() for c in children)
+
+
 def find_bags(source: str | os.PathLike[str]) -> list[Path]:
     """The bags of an archive folder or list file, in a stable order.
 

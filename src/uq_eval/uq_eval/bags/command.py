@@ -80,9 +80,9 @@ def _peak_rss_mib(bag: Path, repeat: int) -> float:
 def run(args: argparse.Namespace) -> int:
     """Evaluate ``args.bag`` (one bag or an archive) and write the report; see the module
     docstring for exit codes."""
-    from uq_eval.bags.archive import is_bag
+    from uq_eval.bags.archive import is_archive
 
-    if getattr(args, 'ray', False) or not is_bag(args.bag):
+    if getattr(args, 'ray', False) or is_archive(args.bag):
         return run_archive(args)
     return run_one(args)
 
