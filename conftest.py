@@ -2,8 +2,10 @@
 private to the test module, so that test modules running side by side do not hear each
 other; a ROS home private to the test run, so that what a detector learns in one test (its
 learnt state persists under the ROS home by default) never reaches another test or the
-user's own ``~/.ros``; and the product's loggers kept propagating under the optional launch
-kit."""
+user's own ``~/.ros``; the product's loggers kept propagating under the optional launch
+kit; and a private PostgreSQL server for the fleet label store's tests (started once per test
+run in a temporary directory, one fresh database per test, torn down at the end; tests that
+need it skip, saying why, where the PostgreSQL binaries are not installed)."""
 
 from __future__ import annotations
 
@@ -68,6 +70,34 @@ def ros_context(request: pytest.FixtureRequest) -> Iterator[Any]:
 def module_ros_context(request: pytest.FixtureRequest) -> Iterator[Any]:
     """An initialised rclpy context shared by the tests of one module."""
     yield from _private_context(request.module.__name__)
+
+
+@pytest.fixture(scope='session')
+def postgres_server() -> Iterator[Any]:
+    """A private PostgreSQL server for the whole test run
+    (:class:`uq_autonomy.postgres_server.TemporaryPostgres`: ``initdb`` and ``pg_ctl`` in a
+    temporary directory, as an unprivileged account when the tests run as root)."""
+    from uq_autonomy.postgres_server import PostgresUnavailable, TemporaryPostgres, find_bindir
+
+    try:
+        find_bindir()
+    except PostgresUnavailable as err:
+        pytest.skip(str(err))
+    pytest.importorskip('psycopg', reason='psycopg 3 is not installed (make setup installs it)')
+    server = TemporaryPostgres().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+_databases = iter(range(1, 1_000_000))
+
+
+@pytest.fixture
+def postgres_url(postgres_server: Any) -> str:
+    """The URL of a fresh, empty database on the test run's PostgreSQL server."""
+    return postgres_server.create_database(f'test_{os.getpid()}_{next(_databases)}')
 
 
 PRODUCT_PACKAGES = ('uq_autonomy', 'uq_common', 'uq_eval', 'uq_perception', 'uq_sim')

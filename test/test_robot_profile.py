@@ -32,7 +32,7 @@ NODES = {  # node -> (package, parameters set on the command line for the test)
     'detector_node': ('uq_perception', {'autostart': False}),  # no model load needed
     'arbitration_node': ('uq_autonomy', {}),
     # No web server (its port may be taken on a shared machine), a label store of its own.
-    'ask_for_help_node': ('uq_autonomy', {'web_enabled': False, 'store_path': '{tmp}'}),
+    'ask_for_help_node': ('uq_autonomy', {'web_enabled': False, 'label_store_url': '{tmp}'}),
 }
 ROBOT_FILES = sorted((CONFIG / 'robot').glob('*.yaml'))
 

@@ -28,6 +28,7 @@ setup(
             'labels.list = uq_autonomy.labels_cli:configure_list',
             'labels.export = uq_autonomy.labels_cli:configure_export',
             'labels.import = uq_autonomy.labels_cli:configure_import',
+            'labels.serve = uq_autonomy.labels_cli:configure_serve',
         ],
     },
 )

@@ -41,6 +41,7 @@ setup(
             'bench.node = uq_eval.benchmarks.commands:bench_node',
             'bench.arbitration = uq_eval.benchmarks.commands:bench_arbitration',
             'bench.backend = uq_eval.benchmarks.commands:bench_backend',
+            'bench.labels = uq_eval.benchmarks.commands:bench_labels',
         ],
     },
 )

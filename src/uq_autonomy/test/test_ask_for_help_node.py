@@ -57,7 +57,7 @@ class Harness:
     """The node under test (no web page, a fresh store) and a peer publishing its inputs."""
 
     def __init__(self, context: Any, store_path: Path, **params: Any) -> None:
-        params = {'store_path': str(store_path), 'web_enabled': False,
+        params = {'label_store_url': str(store_path), 'web_enabled': False,
                   'diagnostics_period_s': 0.1, **params}
         self.node = AskForHelpNode(
             context=context,

@@ -122,12 +122,25 @@ def test_page_and_request_list(store: LabelStore) -> None:
                      'candidates': [{'label': 'mug', 'probability': 0.62},
                                     {'label': 'box', 'probability': 0.21}],
                      'created': first['created'], 'class_name': 'mug', 'track_id': 3,
-                     'crop_url': '/api/requests/r1/crop.png'}
+                     'robot_id': '', 'crop_url': '/api/requests/r1/crop.png'}
     assert second['crop_url'] is None
     crop = c.get('/api/requests/r1/crop.png')
     assert crop.headers['content-type'] == 'image/png'
     assert crop.content == encode_png(crop_pixels())
     assert c.get('/api/requests/nope/crop.png').status_code == 404
+
+
+def test_every_robots_requests_are_listed_and_filtered_by_robot(store: LabelStore) -> None:
+    for rid, robot in (('a1', 'robot-a'), ('b1', 'robot-b'), ('a2', 'robot-a')):
+        store.add_request(pending(rid, robot_id=robot))
+    c = client(store)
+    body = c.get('/api/requests').json()
+    assert [r['request_id'] for r in body['requests']] == ['a1', 'b1', 'a2']
+    assert body['robots'] == ['robot-a', 'robot-b']
+    only_a = c.get('/api/requests', params={'robot': 'robot-a'}).json()
+    assert [r['robot_id'] for r in only_a['requests']] == ['robot-a', 'robot-a']
+    assert only_a['robots'] == ['robot-a', 'robot-b']  # the menu keeps every robot
+    assert c.get('/api/requests', params={'robot': 'nobody'}).json()['requests'] == []
 
 
 def test_answers_go_through_submit_label(store: LabelStore) -> None:
@@ -423,3 +436,38 @@ def test_browser_with_token(browser: object, store: LabelStore) -> None:
             assert store.get_label('req-t').label == 'box'
         finally:
             context.close()
+
+
+def test_browser_shows_a_fleets_requests_with_a_filter_by_robot(browser: object,
+                                                                 postgres_url: str) -> None:
+    from uq_autonomy.label_store_url import open_label_store
+
+    with open_label_store(postgres_url) as fleet:
+        for rid, robot in (('a-1', 'robot-a'), ('b-1', 'robot-b'), ('a-2', 'robot-a')):
+            fleet.add_request(pending(rid, robot_id=robot))
+        config = WebConfig(port=0, poll_interval_s=0.3)
+        with LabellingServer(fleet.pending_requests, store_submitter(fleet), config) as server:
+            page = browser.new_page()
+            try:
+                page.set_default_timeout(30_000)
+                page.goto(server.url)
+                cards = page.locator('[data-testid=request-card]')
+                page.wait_for_function('n => document.querySelectorAll('
+                                       '"[data-testid=request-card]").length === n', arg=3)
+                assert cards.locator('[data-testid=robot]').all_inner_texts() == [
+                    'robot robot-a', 'robot robot-b', 'robot robot-a']
+                page.select_option('[data-testid=robot-filter]', 'robot-b')
+                page.wait_for_function('n => document.querySelectorAll('
+                                       '"[data-testid=request-card]").length === n', arg=1)
+                card = cards.first
+                assert card.get_attribute('data-request-id') == 'b-1'
+                card.locator('[data-testid=candidate][data-label=box]').click()
+                assert reply(page, card).startswith("stored label 'box' for request b-1")
+                page.select_option('[data-testid=robot-filter]', '')
+                page.wait_for_function('n => document.querySelectorAll('
+                                       '"[data-testid=request-card]").length === n', arg=2)
+            finally:
+                page.close()
+        label = fleet.get_label('b-1')
+        assert (label.label, label.robot_id, label.source) == ('box', 'robot-b', 'web')
+        assert [r.request_id for r in fleet.pending_requests()] == ['a-1', 'a-2']

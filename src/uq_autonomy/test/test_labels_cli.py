@@ -24,7 +24,7 @@ from uq_common.cli import build_parser
 COMMANDS = [
     EntryPoint(name=f'labels.{verb}', value=f'uq_autonomy.labels_cli:configure_{verb}',
                group='uq.commands')
-    for verb in ('list', 'export', 'import')
+    for verb in ('list', 'export', 'import', 'serve')
 ]
 
 
@@ -77,8 +77,9 @@ def test_list_prints_labels_and_pending_requests(filled: Path) -> None:
     code, out, err = uq('labels', 'list', '--store', str(filled))
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].split() == ['request_id', 'label', 'labeler', 'time', 'model_id', 'box']
-    assert lines[1].split()[:4] == ['r1', 'mug', 'alice', '2023-11-14T22:13:20Z']
+    assert lines[0].split() == ['request_id', 'robot_id', 'label', 'labeler', 'time',
+                                'model_id', 'box']
+    assert lines[1].split()[:5] == ['r1', '-', 'mug', 'alice', '2023-11-14T22:13:20Z']
     assert '5.0,4.0,20.0,22.0' in lines[1]
     assert f'4 labels in {filled}' in err
 
@@ -443,3 +444,61 @@ def test_a_write_failure_half_way_through_an_import_stores_none_of_it(
     # The same file imports in full once the store can be written.
     code, out, _ = uq('labels', 'import', str(path), '--store', str(filled))
     assert code == 0 and out.strip() == '2 stored'
+
+
+# -- a fleet's store -------------------------------------------------------------------------
+
+def test_a_fleet_store_lists_and_exports_every_robots_labels(postgres_url: str,
+                                                              tmp_path: Path) -> None:
+    from uq_autonomy.label_store_url import open_label_store
+
+    with open_label_store(postgres_url) as store:
+        for i, (rid, robot, label) in enumerate((('a1', 'robot-a', 'mug'),
+                                                 ('b1', 'robot-b', 'cone'),
+                                                 ('a2', 'robot-a', None))):
+            store.add_request(PendingRequest(rid, crop_png=encode_png(pixels(i, 20, 30)),
+                                             box=(1.0, 2.0, 10.0, 8.0), robot_id=robot))
+            if label:
+                store.answer(rid, label, 'alice')
+    code, out, err = uq('labels', 'list', '--store-url', postgres_url, '--json')
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [(r['request_id'], r['robot_id']) for r in rows] == [('a1', 'robot-a'),
+                                                                ('b1', 'robot-b')]
+    code, out, err = uq('labels', 'list', '--store-url', postgres_url, '--pending')
+    assert code == 0 and 'a2' in out and 'robot-a' in out
+    code, out, _ = uq('labels', 'list', '--store-url', postgres_url, '--robot', 'robot-b')
+    assert code == 0 and 'b1' in out and 'a1' not in out
+
+    out_dir = tmp_path / 'fleet-coco'
+    code, out, err = uq('labels', 'export', '--store-url', postgres_url, '--coco', str(out_dir))
+    assert code == 0, err
+    assert '2 images, 2 categories (cone, mug)' in err
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco = COCO(out.strip())
+    robots = {coco.imgs[a['image_id']]['robot_id']: a['attributes']['robot_id']
+              for a in coco.anns.values()}
+    assert robots == {'robot-a': 'robot-a', 'robot-b': 'robot-b'}
+    # Re-imported into another store, the labels keep their robots.
+    fresh = tmp_path / 'fresh.sqlite3'
+    code, out, err = uq('labels', 'import', out.strip(), '--store-url', f'sqlite://{fresh}')
+    assert code == 0, err
+    with LabelStore(fresh) as copy:
+        assert {r.request_id: r.robot_id for r in copy.labels()} == {'a1': 'robot-a',
+                                                                    'b1': 'robot-b'}
+
+
+@pytest.mark.parametrize('verb', ['list', 'export', 'serve'])
+def test_a_malformed_store_url_is_one_line_and_exit_2(verb: str, tmp_path: Path) -> None:
+    extra = ['--coco', str(tmp_path / 'out')] if verb == 'export' else []
+    code, out, err = uq('labels', verb, '--store-url', 'mysql://host/db', *extra)
+    assert code == 2 and out == ''
+    assert err == "error: label store URL 'mysql://host/db': unknown scheme 'mysql'; use " \
+                  "sqlite:///path.sqlite3 or postgresql://user@host:port/database\n"
+
+
+def test_an_unreachable_fleet_store_is_one_line_and_exit_1(postgres_server: object) -> None:
+    url = f'postgresql://uq:secret@127.0.0.1:{postgres_server.port}/missing'
+    code, _, err = uq('labels', 'list', '--store-url', url)
+    assert code == 1 and err.count('\n') == 1
+    assert err.startswith('error: cannot connect to label store postgresql://uq:***@')

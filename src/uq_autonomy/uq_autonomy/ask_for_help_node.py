@@ -17,13 +17,19 @@ Publishes
     crop, candidates and reason; ``/diagnostics``.
 Serves
     ``provide_label`` (uq_msgs/ProvideLabel): the answers, from the web page, a CLI or
-    another node. ``accepted`` means the label is stored durably (one SQLite transaction);
-    the message says whether the detector has learnt it yet.
+    another node. ``accepted`` means the label is stored durably (one transaction of the
+    label store, an SQLite file or a PostgreSQL database shared by a fleet, as
+    ``label_store_url`` says); the message says whether the detector has learnt it yet.
 Calls
     ``teach_object`` (uq_msgs/TeachObject) of the detector with each stored label and its
     embedding; labels the detector has not acknowledged (it was down, or restarted, or its
     response was lost) are sent again every ``teach_retry_period_s`` until it has (the
     detector applies a label once).
+
+A fleet shares one label store: each request carries this robot's ``robot_id``, and with
+``learn_fleet_labels`` the node follows the store's change feed every
+``fleet_poll_period_s`` and teaches its detector the answers given to every robot's
+requests (docs/ask_for_help.md, "A fleet of robots").
 
 The model's range comes with every frame (``DetectionArray.reference_variance_max``): a
 signal the model cannot give (the calibrated score of a model without a score reference, a
@@ -35,6 +41,7 @@ the detector's out-of-distribution flag alone (``ood_mode``), until the paramete
 from __future__ import annotations
 
 import math
+import socket
 import threading
 import time
 from collections import OrderedDict
@@ -70,12 +77,17 @@ from uq_autonomy.help_policy import (
 )
 from uq_autonomy.label_store import (
     LabelRecord,
-    LabelStore,
+    LabelStoreBase,
     LabelStoreError,
     PendingRequest,
-    default_store_path,
 )
-from uq_autonomy.label_validation import LabelValidationError, validate_label, validate_labeler
+from uq_autonomy.label_store_url import open_label_store, parse_store_url
+from uq_autonomy.label_validation import (
+    LabelValidationError,
+    validate_label,
+    validate_labeler,
+    validate_robot_id,
+)
 from uq_common.image_codec import (
     MAX_IMAGE_PIXELS,
     ImageFormatError,
@@ -107,6 +119,30 @@ def _labeler_problem(value: str) -> str | None:
     except LabelValidationError as exc:
         return str(exc)
     return None
+
+
+def _robot_id_problem(value: str) -> str | None:
+    """Why ``value`` cannot be this robot's id in the label store."""
+    try:
+        validate_robot_id(value, allow_empty=False)
+    except LabelValidationError as exc:
+        return str(exc)
+    return None
+
+
+def _store_url_problem(value: str) -> str | None:
+    """Why ``value`` names no label store."""
+    try:
+        parse_store_url(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def default_robot_id() -> str:
+    """This machine's host name (its first label), the default ``robot_id``."""
+    name = socket.gethostname().split('.')[0]
+    return name if _robot_id_problem(name) is None else 'robot'
 
 
 def _service_name_problem(value: str) -> str | None:
@@ -163,9 +199,18 @@ POLICY_PARAMETERS = [
                   max_value=3600.0),
 ]
 PARAMETERS = POLICY_PARAMETERS + [
-    ParameterSpec('store_path', '',
-                  'SQLite label store; empty: $UQ_LABEL_STORE, else the user data folder.',
+    ParameterSpec('label_store_url', '',
+                  'Label store: sqlite:///path (one robot), postgresql://user@host:port/db '
+                  '(a fleet) or a file path; empty: $UQ_LABEL_STORE, else the user data '
+                  'folder\'s SQLite file.', read_only=True, check=_store_url_problem),
+    ParameterSpec('robot_id', default_robot_id(), 'This robot\'s id, stored with its requests '
+                  '(default: the host name).', read_only=True, check=_robot_id_problem),
+    ParameterSpec('learn_fleet_labels', True, 'Teach the detector the answers given to other '
+                  'robots\' requests in a shared store (false: this robot\'s only).',
                   read_only=True),
+    ParameterSpec('fleet_poll_period_s', 1.0, 'Seconds between two reads of the store\'s '
+                  'new answers (other robots\', other labelling pages, imports).',
+                  min_value=0.05, max_value=3600.0, read_only=True),
     ParameterSpec('image_buffer', 30, 'Images kept by stamp for the crops.',
                   min_value=1, max_value=1000, read_only=True),
     ParameterSpec('crop_margin', 0.25, 'Context around the box in a crop, as a fraction of '
@@ -314,9 +359,14 @@ class AskForHelpNode(Node):
         self._counters = {'requests': 0, 'no_image': 0, 'labels': 0, 'taught': 0,
                           'teach_refused': 0, 'store_errors': 0, 'malformed': 0,
                           'follow_ups': 0, 'future_stamps': 0, 'invalid_class_names': 0,
-                          'oversized_images': 0, 'requests_not_raised': 0}
+                          'oversized_images': 0, 'requests_not_raised': 0,
+                          'fleet_labels': 0}
         self._store_problem = ''
         self._signal_problem: str | None = None
+        # The store's change feed: the last seq read, and the revision of each label this
+        # node has already taken (its own answers and those read before).
+        self._feed_seq = 0
+        self._known_revisions: dict[str, int] = {}
         self._store = self._open_store()
         self._follow_up = FollowUpTeacher(FollowUpConfig(
             self._params['follow_up_max'], self._params['follow_up_interval_s'],
@@ -337,24 +387,29 @@ class AskForHelpNode(Node):
                                            self._params['teach_retry_period_s'])
         self.create_timer(self._params['teach_retry_period_s'], self._teach_pending,
                           callback_group=self._teach_group)
+        self.create_timer(self._params['fleet_poll_period_s'], self._follow_store,
+                          callback_group=self._teach_group)
         self.create_timer(self._params['diagnostics_period_s'], self._publish_diagnostics)
         self._web = self._start_web()
         self.get_logger().info(
-            f'asking for help on {self._params["signal"]}; label store '
-            f'{self._store.path if self._store else "UNAVAILABLE: " + self._store_problem}'
+            f'asking for help on {self._params["signal"]} as robot '
+            f'{self._params["robot_id"]}; label store '
+            f'{self._store.location if self._store else "UNAVAILABLE: " + self._store_problem}'
             + (f'; labelling page {self._web.url}' if self._web else ''))
 
     # --- set-up ------------------------------------------------------------------------
-    def _open_store(self) -> LabelStore | None:
-        path = self._params['store_path'] or str(default_store_path())
+    def _open_store(self) -> LabelStoreBase | None:
         try:
-            store = LabelStore(path)
+            store = open_label_store(self._params['label_store_url'])
             for record in store.labels():
+                if not self._wanted(record):
+                    continue
                 self._policy.remember(record.request_id, label=record.label,
                                       embedding=record.embedding)
-                self._unacknowledged[record.request_id] = record
-            for request in store.pending_requests():
+                self._take(record)
+            for request in store.pending_requests(robot_id=self._params['robot_id']):
                 self._policy.remember(request.request_id, embedding=request.embedding)
+            self._feed_seq = store.last_seq()
             return store
         except LabelStoreError as exc:
             # Degraded: requests are still published, answers are refused with the reason.
@@ -375,6 +430,49 @@ class AskForHelpNode(Node):
         except (OSError, RuntimeError, ValueError) as exc:
             self.get_logger().error(f'labelling page not started: {exc}')
             return None
+
+    def _wanted(self, record: LabelRecord) -> bool:
+        """Whether this node teaches a stored label: every robot's with
+        ``learn_fleet_labels``, else its own robot's (and those without a robot id)."""
+        return self._params['learn_fleet_labels'] or record.robot_id in (
+            self._params['robot_id'], '')
+
+    def _take(self, record: LabelRecord) -> bool:
+        """Queue a stored label for teaching unless this revision was taken already."""
+        if self._known_revisions.get(record.request_id) == record.revision:
+            return False
+        self._known_revisions[record.request_id] = record.revision
+        self._unacknowledged[record.request_id] = record
+        return True
+
+    def _follow_store(self) -> None:
+        """Teach the labels stored since the last look that this node did not store itself:
+        answers to other robots' requests (a fleet store), from another labelling page or
+        ``uq labels import``."""
+        if self._store is None:
+            return
+        try:
+            records = self._store.labels(since_seq=self._feed_seq, limit=500)
+        except LabelStoreError as exc:
+            self.get_logger().warn(f'cannot read new labels: {exc}', throttle_duration_sec=10.0)
+            return
+        taken = []
+        with self._lock:
+            for record in records:
+                self._feed_seq = max(self._feed_seq, record.seq)
+                if not self._wanted(record) or not self._take(record):
+                    continue
+                if not self._policy.mark_answered(record.request_id, record.label,
+                                                  record.embedding):
+                    self._policy.remember(record.request_id, label=record.label,
+                                          embedding=record.embedding)
+                self._counters['fleet_labels'] += 1
+                taken.append(record)
+        for record in taken:
+            self.get_logger().info(
+                f"label '{record.label}' for request {record.request_id} of robot "
+                f"{record.robot_id or '(unknown)'} from the store; teaching the detector")
+            self._teach(record)
 
     @property
     def web_url(self) -> str | None:
@@ -524,7 +622,7 @@ class AskForHelpNode(Node):
             box=box_in_region(box, region), crop_origin=(float(region[0]), float(region[1])),
             image_size=(width, height), stamp=_stamp_s(msg.header.stamp),
             track_id=decision.track_id, class_name=decision.observation.class_name,
-            model_id=msg.model_id)
+            model_id=msg.model_id, robot_id=self._params['robot_id'])
         if self._store is not None:
             try:
                 self._store.add_request(pending)
@@ -582,7 +680,7 @@ class AskForHelpNode(Node):
                 if asked is not None:
                     self._follow_up.bind(asked.track_id, request_id, record.label,
                                          self._last_stamp)
-                self._unacknowledged[request_id] = record
+                self._take(record)
                 self._counters['labels'] += 1
             self._teach(record)
             return True, f'{result.message}; teaching the detector'

@@ -8,8 +8,8 @@ Export layout (CVAT's "COCO 1.0" layout)::
 Each label is one image (its crop) with one annotation: ``bbox`` is the object's box in the
 crop as COCO ``[x, y, width, height]`` (the whole crop when the box is unknown),
 ``category_id`` refers to ``categories`` (one per distinct label, sorted by name, ids from 1).
-The annotation's ``attributes`` keep the provenance (``request_id``, ``labeler``, ``time``,
-``model_id``, ``track_id``, ``revision``, ``source``); CVAT shows them as attributes and
+The annotation's ``attributes`` keep the provenance (``request_id``, ``robot_id``, ``labeler``,
+``time``, ``model_id``, ``track_id``, ``revision``, ``source``); CVAT shows them as attributes and
 other tools ignore them. Labels without a crop have no image and are left out (counted).
 
 So that the export serves as ground truth for ``uq eval bag`` (docs/bag_evaluation.md), it
@@ -50,13 +50,14 @@ from pathlib import Path
 from typing import Any
 
 from uq_autonomy.crops import png_size
-from uq_autonomy.label_store import AnswerStatus, LabelRecord, LabelStore, format_time
+from uq_autonomy.label_store import AnswerStatus, LabelRecord, LabelStoreBase, format_time
 from uq_autonomy.label_validation import (
     MAX_CROP_BYTES,
     LabelValidationError,
     validate_label,
     validate_labeler,
     validate_request_id,
+    validate_robot_id,
 )
 from uq_common.json_text import parse_json
 
@@ -123,7 +124,7 @@ def coco_dataset(records: list[LabelRecord]) -> tuple[dict[str, Any], list[Label
         image: dict[str, Any] = {
             'id': r.id, 'file_name': f'{r.request_id}.png', 'width': width,
             'height': height, 'date_captured': format_time(r.time),
-            'request_id': r.request_id}
+            'request_id': r.request_id, 'robot_id': r.robot_id}
         # The store's defaults (no image size, stamp 0) mean the frame is unknown; a stamp
         # without the crop's place in its frame would put crop pixels into frame pixels.
         if r.image_size is not None:
@@ -137,7 +138,8 @@ def coco_dataset(records: list[LabelRecord]) -> tuple[dict[str, Any], list[Label
             'id': r.id, 'image_id': r.id, 'category_id': category_id[r.label],
             'bbox': [round(x, 2), round(y, 2), round(w, 2), round(h, 2)],
             'area': round(w * h, 2), 'iscrowd': 0, 'segmentation': [],
-            'attributes': {'request_id': r.request_id, 'labeler': r.labeler,
+            'attributes': {'request_id': r.request_id, 'robot_id': r.robot_id,
+                           'labeler': r.labeler,
                            'time': format_time(r.time), 'model_id': r.model_id,
                            'track_id': r.track_id, 'revision': r.revision,
                            'source': r.source},
@@ -182,7 +184,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def export_coco(store: LabelStore, directory: str | os.PathLike[str], *,
+def export_coco(store: LabelStoreBase, directory: str | os.PathLike[str], *,
                 overwrite: bool = False) -> CocoExportSummary:
     """Write the store's labels as a COCO dataset under ``directory`` (layout above).
 
@@ -324,7 +326,8 @@ def _coco_entries(path: Path, data: dict[str, Any], labeler: str | None,
                 labeler=labeler or attributes.get('labeler') or 'import',
                 time=_parse_time(attributes.get('time')) or now,
                 model_id=attributes.get('model_id') or '', crop_png=crop, box=bbox,
-                track_id=_track_id(attributes.get('track_id', -1)), source='import')
+                track_id=_track_id(attributes.get('track_id', -1)), source='import',
+                robot_id=validate_robot_id(attributes.get('robot_id') or ''))
         except (KeyError, TypeError, ValueError, OSError) as err:
             summary.add('invalid', f'{where}: {_describe(err)}')
             continue
@@ -398,7 +401,7 @@ def _parse_time(text: object) -> float | None:
         return None
 
 
-def import_labels(store: LabelStore, path: str | os.PathLike[str], *,
+def import_labels(store: LabelStoreBase, path: str | os.PathLike[str], *,
                   labeler: str | None = None, overrule: bool = False) -> ImportSummary:
     """Import a COCO annotations file (``.json``) or a JSON-lines answers file (``.jsonl``).
 

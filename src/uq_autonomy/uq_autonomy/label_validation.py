@@ -22,6 +22,8 @@ from uq_common.class_labels import (
 )
 
 MAX_LABELER_LENGTH = 64
+MAX_ROBOT_ID_LENGTH = 64
+_ROBOT_ID = re.compile(r'[A-Za-z0-9][A-Za-z0-9._-]*')
 MAX_REASON_LENGTH = 2000
 MAX_MODEL_ID_LENGTH = 256
 MAX_CANDIDATES = 100
@@ -78,6 +80,28 @@ def validate_labeler(labeler: object) -> str:
     """Normalised labeler name: printable, surrounding spaces stripped, runs of spaces
     collapsed, case kept, at most :data:`MAX_LABELER_LENGTH` characters."""
     return _normalise_text(labeler, 'labeler', MAX_LABELER_LENGTH)
+
+
+def validate_robot_id(robot_id: object, allow_empty: bool = True) -> str:
+    """The robot id, when it is 1-64 characters of ``A-Z a-z 0-9 . _ -`` starting with a
+    letter or digit (a host name fits); empty means "not known" (requests stored before
+    robots had ids) where ``allow_empty``.
+
+    Raises
+    ------
+    LabelValidationError
+        Otherwise.
+    """
+    if not isinstance(robot_id, str):
+        raise LabelValidationError(f'robot_id must be a string, got {type(robot_id).__name__}')
+    if robot_id == '' and allow_empty:
+        return ''
+    if len(robot_id) > MAX_ROBOT_ID_LENGTH or not _ROBOT_ID.fullmatch(robot_id):
+        shown = robot_id if len(robot_id) <= 40 else robot_id[:40] + '...'
+        raise LabelValidationError(
+            f'robot_id {shown!r} is invalid: use 1-{MAX_ROBOT_ID_LENGTH} characters of '
+            f"letters, digits, '.', '_' or '-', starting with a letter or digit")
+    return robot_id
 
 
 def validate_request_id(request_id: object) -> str:

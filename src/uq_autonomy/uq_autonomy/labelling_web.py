@@ -7,9 +7,11 @@ labeler) -> (accepted, message)`` callable. The ask-for-help node passes one tha
 through its ``ProvideLabel`` path (store, then teach the detector), so a click on the page and
 a service call are the same answer.
 
-The page lists pending requests with the crop, the reason, one button per candidate and a
-free-text field for a new class, and polls ``/api/requests`` (every ``poll_interval_s``) so
-new requests appear and answered ones disappear without a reload.
+The page lists pending requests with the crop, the reason, the robot that asked, one button
+per candidate and a free-text field for a new class, and polls ``/api/requests`` (every
+``poll_interval_s``) so new requests appear and answered ones disappear without a reload. On
+a fleet's store the list holds every robot's requests; a menu shows one robot's only
+(``/api/requests?robot=ID`` does the same for programs).
 
 Access
     By default the server binds to ``127.0.0.1``: only programs on the robot itself can reach
@@ -160,6 +162,7 @@ def _request_json(r: PendingRequest) -> dict[str, Any]:
         'created': r.created,
         'class_name': r.class_name,
         'track_id': r.track_id,
+        'robot_id': r.robot_id,
         'crop_url': f'/api/requests/{r.request_id}/crop.png' if r.crop_png else None,
     }
 
@@ -262,12 +265,16 @@ def create_app(pending_provider: PendingProvider, submit_label: SubmitLabel,
         return {'ok': True}
 
     @app.get('/api/requests')
-    def list_requests() -> JSONResponse:
+    def list_requests(robot: str | None = None) -> JSONResponse:
         items, error = pending()
+        robots = sorted({r.robot_id for r in items})
+        if robot is not None:
+            items = [r for r in items if r.robot_id == robot]
         body = [_request_json(r) for r in items]
         version = hashlib.sha256(json.dumps(
             [(r['request_id'], r['reason']) for r in body]).encode()).hexdigest()[:16]
-        return JSONResponse({'requests': body, 'error': error, 'version': version},
+        return JSONResponse({'requests': body, 'robots': robots, 'error': error,
+                             'version': version},
                             status_code=503 if error else 200,
                             headers={'Cache-Control': 'no-store'})
 
@@ -489,6 +496,8 @@ _PAGE = """<!doctype html>
   <h1>{{TITLE}}</h1>
   <label>Your name <input id="labeler" data-testid="labeler" maxlength="64"
     autocomplete="name" placeholder="web"></label>
+  <label>Robot <select id="robot-filter" data-testid="robot-filter">
+    <option value="">every robot</option></select></label>
   <span id="live" data-testid="live" aria-live="polite">connecting...</span>
 </header>
 <div id="banner" data-testid="banner" role="alert" hidden></div>
@@ -512,6 +521,7 @@ article.answered { border-color: #2e7d32; background: #edf7ed; }
 article img { width: 100%; max-height: 16rem; object-fit: contain; image-rendering: pixelated;
               background: #222; }
 .reason { font-size: 0.9rem; }
+.robot { font-size: 0.8rem; color: #555; margin: 0.3rem 0 0; }
 .candidates { display: flex; flex-wrap: wrap; gap: 0.4rem; }
 .candidates button { font-size: 1rem; padding: 0.3rem 0.7rem; }
 .candidates small { color: #555; }
@@ -532,7 +542,11 @@ _SCRIPT = r"""
   const empty = document.getElementById('empty');
   const live = document.getElementById('live');
   const labelerInput = document.getElementById('labeler');
+  const robotFilter = document.getElementById('robot-filter');
   const cards = new Map();
+  let lastRequests = [];
+  const UNKNOWN = '(unknown)';  // requests stored before robots had ids
+  robotFilter.addEventListener('change', () => render(lastRequests));
   labelerInput.value = localStorage.getItem('uq-labeler') || '';
   labelerInput.addEventListener('change', () => {
     localStorage.setItem('uq-labeler', labelerInput.value.trim());
@@ -582,6 +596,8 @@ _SCRIPT = r"""
       card.append(el('img', {src: request.crop_url, 'data-testid': 'crop',
                              alt: 'the object the robot is unsure about'}));
     }
+    card.append(el('p', {class: 'robot', 'data-testid': 'robot'},
+                   'robot ' + (request.robot_id || UNKNOWN)));
     card.append(el('p', {class: 'reason', 'data-testid': 'reason'}, request.reason));
     const buttons = el('div', {class: 'candidates'});
     for (const candidate of request.candidates) {
@@ -606,7 +622,18 @@ _SCRIPT = r"""
     return card;
   }
 
-  function render(requests) {
+  function updateRobots(robots) {
+    const known = new Set([...robotFilter.options].map((o) => o.value));
+    for (const robot of robots) {
+      const value = robot || UNKNOWN;
+      if (!known.has(value)) robotFilter.append(el('option', {value: value}, value));
+    }
+  }
+
+  function render(all) {
+    lastRequests = all;
+    const wanted = robotFilter.value;
+    const requests = wanted ? all.filter((r) => (r.robot_id || UNKNOWN) === wanted) : all;
     const ids = new Set(requests.map((r) => r.request_id));
     const now = Date.now();
     for (const [id, card] of cards) {
@@ -630,6 +657,7 @@ _SCRIPT = r"""
                                                      credentials: 'same-origin'});
       const body = await response.json();
       if (response.status === 401) throw new Error('access token required; reopen the link');
+      updateRobots(body.robots || []);
       render(body.requests || []);
       banner.hidden = !body.error;
       banner.textContent = body.error || '';

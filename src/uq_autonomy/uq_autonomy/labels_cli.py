@@ -1,8 +1,11 @@
-"""``uq labels`` subcommands: ``list``, ``export --coco DIR`` and ``import FILE``.
+"""``uq labels`` subcommands: ``list``, ``export --coco DIR``, ``import FILE`` and ``serve``.
 
-They work on the label store file directly (``--store``; default ``$UQ_LABEL_STORE``, else
+They work on the label store directly (``--store-url``: an SQLite file, ``sqlite:///path``,
+or a fleet's ``postgresql://user@host:port/db``; default ``$UQ_LABEL_STORE``, else
 ``$XDG_DATA_HOME/uq_autonomy/labels.sqlite3``), so they also work while no node runs. Labels
-imported while the ask-for-help node runs reach the detector when it next replays the store.
+imported while the ask-for-help nodes run reach their detectors within the nodes'
+``fleet_poll_period_s``. On a fleet store, ``list`` and ``export`` cover every robot
+(``list --robot`` one); ``serve`` is the labelling page for the whole fleet.
 
 Exit status: 0 when everything was done; 1 when the store could not be used or an entry was
 refused (the messages say which and why); 2 on an unreadable or malformed input file (an
@@ -22,18 +25,21 @@ from uq_common.arguments import positive_int
 
 # '%(default).0s' prints nothing: it only stops the command host's
 # ArgumentDefaultsHelpFormatter from appending "(default: None)".
-_STORE_HELP = ('label store file (SQLite); when omitted, $UQ_LABEL_STORE, else '
+_STORE_HELP = ('label store: an SQLite file or sqlite:///path, or a fleet\'s '
+               'postgresql://user@host:port/database; when omitted, $UQ_LABEL_STORE, else '
                '$XDG_DATA_HOME/uq_autonomy/labels.sqlite3%(default).0s')
 
 
 def _add_store(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument('--store', type=Path, default=None, help=_STORE_HELP)
+    parser.add_argument('--store-url', '--store', dest='store', default=None, metavar='URL',
+                        help=_STORE_HELP)
 
 
-def _store_path(args: argparse.Namespace) -> Path:
-    from uq_autonomy.label_store import default_store_path
+def _store_url(args: argparse.Namespace) -> str:
+    """The store's URL, or a one-line error (ValueError) for a malformed one."""
+    from uq_autonomy.label_store_url import parse_store_url
 
-    return args.store if args.store is not None else default_store_path()
+    return str(parse_store_url(args.store))
 
 
 def _error(message: str) -> None:
@@ -49,32 +55,42 @@ def configure_list(parser: argparse.ArgumentParser) -> None:
                         help='one JSON object per line instead of a table')
     parser.add_argument('--limit', type=positive_int, default=None,
                         help='show at most this many entries%(default).0s')
+    parser.add_argument('--robot', default=None, metavar='ROBOT_ID',
+                        help='only this robot\'s requests or labels (default: every '
+                             'robot\'s)%(default).0s')
     parser.set_defaults(run=run_list)
 
 
 def run_list(args: argparse.Namespace) -> int:
     """Print labels or pending requests; read-only files are opened read-only."""
-    from uq_autonomy.label_store import LabelStoreError, format_time, open_for_reading
+    from uq_autonomy.label_store import LabelStoreError, format_time
+    from uq_autonomy.label_store_url import open_store_for_reading
 
-    path = _store_path(args)
     try:
-        with open_for_reading(path) as store:
+        _store_url(args)
+        with open_store_for_reading(args.store) as store:
+            path = store.location
             if args.pending:
-                rows = [{'request_id': r.request_id, 'created': format_time(r.created),
+                rows = [{'request_id': r.request_id, 'robot_id': r.robot_id,
+                         'created': format_time(r.created),
                          'track_id': r.track_id, 'class_name': r.class_name,
                          'candidates': [[c, round(p, 3)] for c, p in r.candidates],
-                         'reason': r.reason} for r in store.pending_requests(args.limit)]
-                columns: tuple[str, ...] = ('request_id', 'created', 'track_id',
+                         'reason': r.reason}
+                        for r in store.pending_requests(args.limit, robot_id=args.robot)]
+                columns: tuple[str, ...] = ('request_id', 'robot_id', 'created', 'track_id',
                                             'class_name', 'reason')
             else:
-                records = store.labels()
-                if args.limit is not None:
-                    records = records[:args.limit]
-                rows = [{'request_id': r.request_id, 'label': r.label, 'labeler': r.labeler,
-                         'time': format_time(r.time), 'model_id': r.model_id,
+                records = store.labels(limit=args.limit, robot_id=args.robot)
+                rows = [{'request_id': r.request_id, 'robot_id': r.robot_id, 'label': r.label,
+                         'labeler': r.labeler, 'time': format_time(r.time),
+                         'model_id': r.model_id,
                          'box': None if r.box is None else [round(v, 1) for v in r.box],
                          'revision': r.revision, 'source': r.source} for r in records]
-                columns = ('request_id', 'label', 'labeler', 'time', 'model_id', 'box')
+                columns = ('request_id', 'robot_id', 'label', 'labeler', 'time', 'model_id',
+                           'box')
+    except ValueError as err:
+        _error(str(err))
+        return 2
     except LabelStoreError as err:
         _error(str(err))
         return 1
@@ -92,7 +108,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def _cell(value: object) -> str:
-    if value is None:
+    if value is None or value == '':
         return '-'
     if isinstance(value, list):
         return ','.join(str(v) for v in value)
@@ -100,7 +116,10 @@ def _cell(value: object) -> str:
 
 
 def configure_export(parser: argparse.ArgumentParser) -> None:
-    """Export the stored labels as a COCO dataset (crop PNGs + annotations JSON)."""
+    """Export the stored labels as a COCO dataset (crops + JSON), every robot's in one file.
+
+    On a fleet's store the one dataset holds the labels of every robot's requests; each
+    image and annotation names its robot (``robot_id``)."""
     _add_store(parser)
     parser.add_argument('--coco', required=True, type=Path, metavar='DIR',
                         help='output directory (images/ and annotations/instances_default.json)')
@@ -112,15 +131,17 @@ def configure_export(parser: argparse.ArgumentParser) -> None:
 def run_export(args: argparse.Namespace) -> int:
     """Write the COCO export and print the annotations file's path."""
     from uq_autonomy.label_coco import export_coco
-    from uq_autonomy.label_store import LabelStoreError, open_for_reading
+    from uq_autonomy.label_store import LabelStoreError
+    from uq_autonomy.label_store_url import open_store_for_reading
 
     try:
-        with open_for_reading(_store_path(args)) as store:
+        _store_url(args)
+        with open_store_for_reading(args.store) as store:
             summary = export_coco(store, args.coco, overwrite=args.overwrite)
     except LabelStoreError as err:
         _error(str(err))
         return 1
-    except (FileExistsError, OSError) as err:
+    except (FileExistsError, OSError, ValueError) as err:
         _error(str(err))
         return 2
     print(summary.annotations_file)
@@ -149,7 +170,8 @@ def configure_import(parser: argparse.ArgumentParser) -> None:
 def run_import(args: argparse.Namespace) -> int:
     """Import the file (all entries or none) and print a summary of what happened."""
     from uq_autonomy.label_coco import import_labels
-    from uq_autonomy.label_store import LabelStore, LabelStoreError
+    from uq_autonomy.label_store import LabelStoreError
+    from uq_autonomy.label_store_url import open_label_store
     from uq_autonomy.label_validation import LabelValidationError, validate_labeler
 
     if not args.file.is_file():
@@ -163,7 +185,12 @@ def run_import(args: argparse.Namespace) -> int:
             _error(f'--labeler: {err}')
             return 2
     try:
-        with LabelStore(_store_path(args)) as store:
+        _store_url(args)
+    except ValueError as err:
+        _error(str(err))
+        return 2
+    try:
+        with open_label_store(args.store) as store:
             summary = import_labels(store, args.file, labeler=labeler, overrule=args.overrule)
     except LabelStoreError as err:
         _error(str(err))
@@ -181,3 +208,50 @@ def run_import(args: argparse.Namespace) -> int:
         return 2 if summary.invalid else 1
     print(counts or 'nothing to import')
     return 1 if summary.refused else 0
+
+
+def configure_serve(parser: argparse.ArgumentParser) -> None:
+    """Serve the labelling page on a label store: every robot's open requests, a robot filter.
+
+    Answers are stored there and reach each robot's detector through its ask-for-help node
+    (which follows the store's new labels)."""
+    _add_store(parser)
+    parser.add_argument('--host', default='127.0.0.1',
+                        help='address to bind; anything but loopback needs --token')
+    parser.add_argument('--port', type=int, default=8766, help='TCP port (0: any free one)')
+    parser.add_argument('--token', default=None,
+                        help='access token (16+ printable characters)%(default).0s')
+    parser.set_defaults(run=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Serve until interrupted; 1 when the store cannot be opened, 2 on a bad option."""
+    import time
+
+    from uq_autonomy.label_store import LabelStoreError
+    from uq_autonomy.label_store_url import open_label_store
+    from uq_autonomy.labelling_web import LabellingServer, WebConfig, store_submitter
+
+    try:
+        _store_url(args)
+        config = WebConfig(host=args.host, port=args.port, token=args.token)
+    except ValueError as err:
+        _error(str(err))
+        return 2
+    try:
+        store = open_label_store(args.store)
+    except LabelStoreError as err:
+        _error(str(err))
+        return 1
+    try:
+        with LabellingServer(store.pending_requests, store_submitter(store), config) as server:
+            print(f'labelling page for {store.location}: {server.url}', flush=True)
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        return 0
+    except OSError as err:
+        _error(str(err))
+        return 2
+    finally:
+        store.close()

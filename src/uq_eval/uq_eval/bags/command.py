@@ -1,8 +1,16 @@
-"""``uq eval bag``: evaluate a recorded rosbag2 bag offline (see docs/bag_evaluation.md).
+"""``uq eval bag``: evaluate a recorded rosbag2 bag offline, or an archive of many bags
+(see docs/bag_evaluation.md).
 
-Exit status: 0 when the whole bag was evaluated, 2 when the bag is unusable (nothing
-evaluated, a one-line message names the bag and the problem) or had problems (truncated,
-skipped messages, out-of-order stamps: the report covers what could be read and lists them).
+One bag: exit status 0 when the whole bag was evaluated, 2 when the bag is unusable
+(nothing evaluated, a one-line message names the bag and the problem) or had problems
+(truncated, skipped messages, out-of-order stamps: the report covers what could be read and
+lists them).
+
+An archive (a folder of bag folders, or a file listing them; ``--ray`` also takes a single
+bag): every bag is evaluated (:mod:`uq_eval.bags.archive`), serially in this process, or in
+parallel on Ray with ``--ray``; a merged report goes to ``--out``. Exit status 0 when every
+bag was evaluated without problems, 2 when one failed or had problems (its row says which),
+or when the archive cannot be listed, or ``--ray`` is asked for without Ray installed.
 """
 
 from __future__ import annotations
@@ -13,13 +21,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from uq_common.arguments import positive_int
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Evaluate a bag: perception, autonomy levels and help requests, with metrics and plots."""
-    parser.add_argument('bag', type=Path, help='rosbag2 bag directory (MCAP or sqlite3)')
+    parser.add_argument('bag', type=Path, metavar='BAG|ARCHIVE_DIR_OR_LIST',
+                        help='rosbag2 bag directory (MCAP or sqlite3), or an archive: a '
+                             'folder of bag directories or a file listing them, one a line')
     parser.add_argument('--ground-truth', default=None, metavar='FILE|TOPIC',
                         help='ground truth: a COCO annotations file with frame stamps '
                              '(taken as a file when it exists or ends in .json: '
@@ -41,6 +52,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--repeat', type=positive_int, default=1, help=argparse.SUPPRESS)
     parser.add_argument('--no-report', action='store_true', help=argparse.SUPPRESS)
     parser.add_argument('--no-progress', action='store_true', help='hide the progress bar')
+    parser.add_argument('--ray', action='store_true',
+                        help='evaluate the bags in parallel on Ray: one task per bag, the '
+                             'perception loaded once per worker (needs the optional extra '
+                             'requirements/ray.in)')
+    parser.add_argument('--address', default=None,
+                        help='with --ray: join this Ray cluster (e.g. ray://head:10001 or '
+                             'auto) instead of starting a local one%(default).0s')
+    parser.add_argument('--workers', type=positive_int, default=None,
+                        help='with --ray: workers (Ray actors), each with its own perception '
+                             '(default: this machine\'s CPUs)%(default).0s')
     parser.set_defaults(run=run)
 
 
@@ -57,7 +78,77 @@ def _peak_rss_mib(bag: Path, repeat: int) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Evaluate ``args.bag`` and write the report; see the module docstring for exit codes."""
+    """Evaluate ``args.bag`` (one bag or an archive) and write the report; see the module
+    docstring for exit codes."""
+    from uq_eval.bags.archive import is_archive
+
+    if getattr(args, 'ray', False) or is_archive(args.bag):
+        return run_archive(args)
+    return run_one(args)
+
+
+def run_archive(args: argparse.Namespace) -> int:
+    """Evaluate every bag of an archive, serially or on Ray, and write the merged report."""
+    from uq_eval.bags.archive import (
+        ArchiveError,
+        BagSettings,
+        RayRunner,
+        SerialRunner,
+        evaluate_archive,
+        find_bags,
+        report_markdown,
+    )
+    from uq_eval.bags.evaluation import load_shipped_perception
+    from uq_eval.bags.ground_truth import is_ground_truth_file
+
+    if args.bench or (args.ground_truth is not None
+                      and is_ground_truth_file(args.ground_truth)):
+        print('error: an archive takes neither --bench nor a ground-truth file (each bag '
+              'uses its ground_truth topic, or the topic --ground-truth names)',
+              file=sys.stderr)
+        return 2
+    try:
+        bags = find_bags(args.bag)
+    except ArchiveError as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 2
+    arbitration_values = None
+    if args.arbitration_params is not None:
+        from uq_autonomy.arbitration_params import load_parameters_file
+        try:
+            arbitration_values = load_parameters_file(args.arbitration_params)
+        except (OSError, ValueError) as err:
+            print(f'error: {err}', file=sys.stderr)
+            return 2
+    settings = BagSettings(args.image_topic, args.ground_truth, arbitration_values)
+    if args.ray:
+        try:
+            runner: Any = RayRunner(args.workers or os.cpu_count() or 1, args.address)
+        except (ImportError, RuntimeError) as err:
+            print(f'error: {err}', file=sys.stderr)
+            return 2
+    else:
+        runner = SerialRunner(load_shipped_perception)
+    try:
+        report = evaluate_archive(bags, runner, settings, progress=not args.no_progress)
+    finally:
+        runner.close()
+    out_dir: Path = args.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    markdown = report_markdown(report)
+    (out_dir / 'archive_report.md').write_text(markdown, encoding='utf-8')
+    (out_dir / 'archive_report.json').write_text(json.dumps(report, indent=1) + '\n',
+                                                 encoding='utf-8')
+    print(markdown)
+    print(f'report: {out_dir / "archive_report.md"}', file=sys.stderr)
+    failed = [row for row in report['rows'] if row['error'] or row['problems']]
+    for row in failed:
+        print(f'warning: {row["error"] or "; ".join(row["problems"])}', file=sys.stderr)
+    return 2 if failed else 0
+
+
+def run_one(args: argparse.Namespace) -> int:
+    """Evaluate the one bag ``args.bag`` and write its report."""
     from uq_eval.bags.evaluation import (
         BENCH_MIN_FRAMES,
         BENCH_ROUNDS,

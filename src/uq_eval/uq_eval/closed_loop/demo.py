@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
                            '-p', f'timeout_s:={args.trial_timeout}'],
         # A fresh label store per run: the detector learns the torus during the demo.
         'ask_for_help_node': ['--params-file', str(ASK_FOR_HELP_CONFIG),
-                              '-p', f'store_path:={store}', '-p', 'web_enabled:=false'],
+                              '-p', f'label_store_url:={store}', '-p', 'web_enabled:=false'],
         'scripted_labeller_node': ['--params-file', str(LABELLER_CONFIG),
                                    '-p', f'answer_delay_s:={float(args.answer_delay)}'],
     }

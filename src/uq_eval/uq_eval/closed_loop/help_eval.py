@@ -200,7 +200,7 @@ def run_scenario(recorder: Recorder, scenario: str, duration: float, args: argpa
                     workdir / 'detector_node.log', env),
         NodeProcess('ask_for_help_node', 'uq_autonomy.ask_for_help_node',
                     ['--params-file', str(CONFIG / 'ask_for_help.yaml'),
-                     '-p', f'store_path:={store}', '-p', 'web_enabled:=false'],
+                     '-p', f'label_store_url:={store}', '-p', 'web_enabled:=false'],
                     workdir / 'ask_for_help_node.log', env),
         NodeProcess('scripted_labeller_node', 'uq_sim.scripted_labeller_node',
                     ['--params-file', str(CONFIG / 'scripted_labeller.yaml'),

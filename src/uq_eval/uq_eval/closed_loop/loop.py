@@ -58,7 +58,8 @@ class ClosedLoop:
         # The ask-for-help node of a harness keeps its labels with the run's logs and serves
         # no page: it must neither write the user's label store nor take the page's port.
         self.extra_args = {'ask_for_help_node': [
-            '-p', f'store_path:={self.log_dir / "labels.sqlite3"}', '-p', 'web_enabled:=false'],
+            '-p', f'label_store_url:={self.log_dir / "labels.sqlite3"}',
+            '-p', 'web_enabled:=false'],
             **(extra_args or {})}
         self.nodes = list(NODES) + [n for n in OPTIONAL_NODES
                                     if with_optional and _module_exists(n[1])]
