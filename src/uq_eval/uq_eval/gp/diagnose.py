@@ -99,13 +99,15 @@ def diagnose(detector: DetectorContract, train: ObjectFeatures, val: ObjectFeatu
         return {'known': int((rows & ~unknown).sum()), 'unknown': int((rows & unknown).sum())}
 
     everything = np.ones(len(x), bool)
-    ranks = [np.argsort(np.argsort(v)) for v in (scores['gp_variance_none'], norm)]
+    variance_rank, norm_rank = (np.argsort(np.argsort(v)).astype(np.float64)
+                                for v in (scores['gp_variance_none'], norm))
     owner = _block_of(x, blocks)
     train_owner = _block_of(train_x, blocks)
     return {
         'objects': {**counts(everything), 'train_known': int(len(train_y))},
         'auroc': aurocs(everything),
-        'raw_variance_vs_block_norm_spearman': round(float(np.corrcoef(*ranks)[0, 1]), 4),
+        'raw_variance_vs_block_norm_spearman': round(
+            float(np.corrcoef(variance_rank, norm_rank)[0, 1]), 4),
         'block_norm_median': {'known': round(float(np.median(norm[~unknown])), 4),
                               'unknown': round(float(np.median(norm[unknown])), 4)},
         'per_block': [{'block': list(block), 'train_known': int((train_owner == i).sum()),

@@ -115,11 +115,12 @@ class ScoreReference:
         if (self.signal == 'gp_variance') != (self.variance_maximum is None):
             raise ValueError('variance_maximum is given exactly when the signal is not the '
                              'GP variance')
-        value = self.variance_maximum
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
-                                  or not math.isfinite(value) or value < 0):
+        maximum = self.variance_maximum
+        if maximum is not None and (isinstance(maximum, bool)
+                                    or not isinstance(maximum, numbers.Real)
+                                    or not math.isfinite(maximum) or maximum < 0):
             raise ValueError(f'variance_maximum must be a finite number >= 0, got '
-                             f'{value!r:.40}')
+                             f'{maximum!r:.40}')
         if isinstance(self.count, bool) or not isinstance(self.count, numbers.Integral) \
                 or self.count < 1:
             raise ValueError(f'count must be an integer >= 1, got {self.count!r:.40}')

@@ -139,7 +139,7 @@ def fpr_at_95_tpr(known: np.ndarray, unknown: np.ndarray) -> float:
 def score_table(known: Mapping[str, np.ndarray], unknown: Mapping[str, np.ndarray]
                 ) -> list[dict[str, Any]]:
     """AUROC and FPR95 of each score, in the order given: one row per score."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, known_scores in known.items():
         unknown_scores = unknown[name]
         if not len(known_scores) or not len(unknown_scores):
