@@ -137,6 +137,10 @@ def test_the_transform_round_trips_through_the_artefact(tmp_path):
                                                                                   labels)
     plain.save(tmp_path / 'plain.npz')
     assert LastLayerNTKGP.load(tmp_path / 'plain.npz').feature_transform is None
+    # Readers that predate the transform refuse a transformed file (a new version) instead of
+    # querying it without its transform, and still read the others.
+    assert read_state(path)[0]['version'] == 3
+    assert read_state(tmp_path / 'plain.npz')[0]['version'] == 2
 
 
 def test_a_corrupt_transform_in_the_artefact_is_refused(tmp_path):

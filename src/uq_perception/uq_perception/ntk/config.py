@@ -12,7 +12,13 @@ import numpy as np
 # The on-disk format name predates the split of the engine into this subpackage; it
 # stays so that existing state files (the shipped GP included) keep loading.
 FORMAT_NAME = 'uq_perception.ntk_gp'
-FORMAT_VERSION = 2
+# Version 3 adds the feature transform and score signals other than the variance. A state
+# that uses neither is still written as version 2, which readers that predate them load
+# unchanged; one that uses them is version 3, which those readers refuse instead of
+# querying it without its transform.
+FORMAT_VERSION = 3
+PLAIN_FORMAT_VERSION = 2
+READABLE_FORMAT_VERSIONS = (PLAIN_FORMAT_VERSION, FORMAT_VERSION)
 MAX_FEATURE_MAGNITUDE = 1e100
 # Cholesky pivots spanning more than this (squared) ratio are treated as near-singular.
 MAX_CONDITION = 1e12

@@ -126,6 +126,7 @@ from uq_perception.ntk.calibrated_score import (
 from uq_perception.ntk.config import (
     FORMAT_NAME,
     FORMAT_VERSION,
+    PLAIN_FORMAT_VERSION,
     Gating,
     NTKGPConfig,
     UncertaintyOutput,
@@ -703,7 +704,6 @@ class LastLayerNTKGP:
             The objects' network logits (default ``W phi + b``), for a predictive signal.
         """
         with self._lock:
-            self.score_reference = None
             out = self.predict(features, logits)
             values = score_signal(signal, out.logits, out.gp_variance, out.predictive_entropy,
                                   out.mutual_information, out.probabilities)
@@ -851,6 +851,11 @@ class LastLayerNTKGP:
 
     # ------------------------------------------------------------------ persistence
 
+    def _needs_version_3(self) -> bool:
+        reference = self.score_reference
+        return self.feature_transform is not None or (
+            reference is not None and reference.signal != 'gp_variance')
+
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the state atomically (temporary file + rename) as an ``.npz`` archive."""
         with self._lock:
@@ -858,7 +863,8 @@ class LastLayerNTKGP:
             config = asdict(self.config)
             config['gating'] = self.config.gating.value
             meta = {
-                'format': FORMAT_NAME, 'version': FORMAT_VERSION,
+                'format': FORMAT_NAME, 'version': FORMAT_VERSION if self._needs_version_3()
+                else PLAIN_FORMAT_VERSION,
                 'feature_dim': self.feature_dim, 'class_names': self.class_names,
                 'num_base_classes': self.num_base_classes, 'model_id': self.model_id,
                 'config': config, 'ood_threshold': self.ood_threshold,

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from uq_common.file_kind import describe_file
-from uq_perception.ntk.config import FORMAT_NAME, FORMAT_VERSION
+from uq_perception.ntk.config import FORMAT_NAME, READABLE_FORMAT_VERSIONS
 
 
 def arrays_digest(arrays: dict[str, np.ndarray]) -> str:
@@ -88,9 +88,10 @@ def read_state(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     if not isinstance(meta, dict) or meta.get('format') != FORMAT_NAME:
         raise ValueError(f'{path}: not an NTK-GP state file (format '
                          f'{meta.get("format") if isinstance(meta, dict) else meta!r})')
-    if meta.get('version') != FORMAT_VERSION:
+    if meta.get('version') not in READABLE_FORMAT_VERSIONS:
         raise ValueError(f'{path}: unsupported format version {meta.get("version")!r} '
-                         f'(this build reads version {FORMAT_VERSION})')
+                         f'(this build reads versions '
+                         f'{", ".join(map(str, READABLE_FORMAT_VERSIONS))})')
     if meta.get('digest') != arrays_digest(arrays):
         raise ValueError(f'{path}: checksum mismatch, the NTK-GP state file is corrupt')
     if 'meta_digest' in meta and meta['meta_digest'] != meta_digest(meta):
