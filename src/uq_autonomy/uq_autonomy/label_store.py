@@ -59,6 +59,7 @@ Errors
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import logging
@@ -434,7 +435,7 @@ _LABEL_VALUES = ', '.join('?' * len(_LABEL_COLUMNS.split(',')))
 
 # -- the store API, both back ends -----------------------------------------------------------
 
-class LabelStoreBase:
+class LabelStoreBase(abc.ABC):
     """The label store's operations, written once for every back end; safe to share between
     threads of one process (one connection, one lock).
 
@@ -458,21 +459,21 @@ class LabelStoreBase:
 
     # -- back end ----------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _write(self, doing: str) -> Iterator[Any]:  # pragma: no cover - abstract
-        raise NotImplementedError
-        yield
+    @abc.abstractmethod
+    def _write(self, doing: str) -> contextlib.AbstractContextManager[Any]:
+        """One serialised, durable write transaction; yields the connection."""
 
-    @contextlib.contextmanager
-    def _read(self, doing: str) -> Iterator[Any]:  # pragma: no cover - abstract
-        raise NotImplementedError
-        yield
+    @abc.abstractmethod
+    def _read(self, doing: str) -> contextlib.AbstractContextManager[Any]:
+        """A consistent read; yields the connection."""
 
-    def close(self) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the connection(s)."""
 
-    def integrity_check(self) -> list[str]:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def integrity_check(self) -> list[str]:
+        """Problems the back end's own check finds (empty: none)."""
 
     def __enter__(self) -> LabelStoreBase:
         return self
