@@ -447,6 +447,8 @@ class LabelStoreBase(abc.ABC):
 
     #: ``'sqlite'`` or ``'postgresql'``.
     dialect = ''
+    #: The database driver's error class, which :meth:`_errors` maps.
+    driver_error: type[Exception] = Exception
     location = ''
     readonly = False
     _version = 0
@@ -466,6 +468,20 @@ class LabelStoreBase(abc.ABC):
     @abc.abstractmethod
     def _read(self, doing: str) -> contextlib.AbstractContextManager[Any]:
         """A consistent read; yields the connection."""
+
+    @abc.abstractmethod
+    def _translate(self, err: Exception, doing: str) -> LabelStoreError:
+        """The store error, naming the store and ``doing``, of a driver error."""
+
+    @contextlib.contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        """Map the driver's errors (:attr:`driver_error`) to store errors."""
+        try:
+            yield
+        except LabelStoreError:
+            raise
+        except self.driver_error as err:
+            raise self._translate(err, doing) from err
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -827,6 +843,7 @@ class LabelStore(LabelStoreBase):
     """
 
     dialect = 'sqlite'
+    driver_error = sqlite3.Error
 
     def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False,
                  create: bool = True, timeout_s: float = 5.0, verify: bool = True,
@@ -883,16 +900,7 @@ class LabelStore(LabelStoreBase):
 
     # -- error mapping -----------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _errors(self, doing: str) -> Iterator[None]:
-        try:
-            yield
-        except LabelStoreError:
-            raise
-        except sqlite3.Error as err:
-            raise self._translate(err, doing) from err
-
-    def _translate(self, err: sqlite3.Error, doing: str) -> LabelStoreError:
+    def _translate(self, err: Exception, doing: str) -> LabelStoreError:
         # Python 3.11 names the SQLite error code; 3.10 (JetPack 6) only has the message.
         name = getattr(err, 'sqlite_errorname', '') or ''
         text = str(err)

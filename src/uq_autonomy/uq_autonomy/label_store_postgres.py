@@ -113,6 +113,7 @@ class PostgresLabelStore(LabelStoreBase):
     """
 
     dialect = 'postgresql'
+    driver_error = psycopg.Error
 
     def __init__(self, url: str, *, readonly: bool = False, create: bool = True,
                  timeout_s: float = 5.0, clock: Callable[[], float] = time.time) -> None:
@@ -179,16 +180,7 @@ class PostgresLabelStore(LabelStoreBase):
 
     # -- error mapping -----------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _errors(self, doing: str) -> Iterator[None]:
-        try:
-            yield
-        except LabelStoreError:
-            raise
-        except psycopg.Error as err:
-            raise self._translate(err, doing) from err
-
-    def _translate(self, err: psycopg.Error, doing: str) -> LabelStoreError:
+    def _translate(self, err: Exception, doing: str) -> LabelStoreError:
         where = f'label store {self.location}'
         text = _first_line(err)
         if isinstance(err, pg_errors.LockNotAvailable | pg_errors.DeadlockDetected):

@@ -112,14 +112,11 @@ def run_archive(args: argparse.Namespace) -> int:
     except ArchiveError as err:
         print(f'error: {err}', file=sys.stderr)
         return 2
-    arbitration_values = None
-    if args.arbitration_params is not None:
-        from uq_autonomy.arbitration_params import load_parameters_file
-        try:
-            arbitration_values = load_parameters_file(args.arbitration_params)
-        except (OSError, ValueError) as err:
-            print(f'error: {err}', file=sys.stderr)
-            return 2
+    try:
+        arbitration_values = _arbitration_values(args)
+    except (OSError, ValueError) as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 2
     settings = BagSettings(args.image_topic, args.ground_truth, arbitration_values)
     if args.ray:
         try:
@@ -145,6 +142,16 @@ def run_archive(args: argparse.Namespace) -> int:
     for row in failed:
         print(f'warning: {row["error"] or "; ".join(row["problems"])}', file=sys.stderr)
     return 2 if failed else 0
+
+
+def _arbitration_values(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The ``--arbitration-params`` file's values, or None; OSError and ValueError name the
+    file."""
+    if args.arbitration_params is None:
+        return None
+    from uq_autonomy.arbitration_params import load_parameters_file
+
+    return load_parameters_file(args.arbitration_params)
 
 
 def run_one(args: argparse.Namespace) -> int:
@@ -182,14 +189,11 @@ def run_one(args: argparse.Namespace) -> int:
     if stream.image_topic is None:
         print(f'error: bag {args.bag}: no image topic to evaluate offline', file=sys.stderr)
         return 2
-    arbitration_values = None
-    if args.arbitration_params is not None:
-        from uq_autonomy.arbitration_params import load_parameters_file
-        try:
-            arbitration_values = load_parameters_file(args.arbitration_params)
-        except (OSError, ValueError) as err:
-            print(f'error: {err}', file=sys.stderr)
-            return 2
+    try:
+        arbitration_values = _arbitration_values(args)
+    except (OSError, ValueError) as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 2
     perception = load_shipped_perception()
     out_dir: Path = args.out
     if not args.no_report:
