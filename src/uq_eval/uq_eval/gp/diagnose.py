@@ -38,9 +38,12 @@ NODE_THRESHOLD = 0.3
 
 def _block_of(features: np.ndarray, blocks: Sequence[tuple[int, int, int | None]]
               ) -> np.ndarray:
+    """Index of each row's block (-1: none)."""
+    from uq_perception.ntk.feature_transform import FeatureBlock, rows_of
+
     owner = np.full(len(features), -1)
-    for i, (_, _, bias) in enumerate(blocks):
-        owner[np.ones(len(features), bool) if bias is None else features[:, bias] != 0] = i
+    for i, block in enumerate(blocks):
+        owner[rows_of(features, FeatureBlock(*block))] = i
     return owner
 
 

@@ -493,14 +493,18 @@ def predictive_signals(gp: LastLayerNTKGP, features: np.ndarray, logits: np.ndar
                        activation: str) -> dict[str, np.ndarray]:
     """Every signal a calibrated score may rank for this detector (``SCORE_SIGNALS``; the
     lower-quantile confidence with the detector's own ``activation``), from one query of the
-    GP's predictive at the detections' own logits."""
+    GP's predictive at the detections' own logits; with the GP's calibrated score under
+    ``calibrated_score`` when it has a reference."""
     from uq_perception.ntk.model import score_signal
 
     out = gp.predict(features, logits)
     names = ('gp_variance', 'predictive_entropy', 'mutual_information', 'predictive_msp',
              f'predictive_lcb_{activation}')
-    return {name: score_signal(name, out.logits, out.gp_variance, out.predictive_entropy,
-                               out.mutual_information, out.probabilities) for name in names}
+    signals = {name: score_signal(name, out.logits, out.gp_variance, out.predictive_entropy,
+                                  out.mutual_information, out.probabilities) for name in names}
+    if out.calibrated_score is not None:
+        signals['calibrated_score'] = out.calibrated_score
+    return signals
 
 
 def choose_score_signal(gp: LastLayerNTKGP, val_features: np.ndarray, val_logits: np.ndarray,
@@ -521,6 +525,9 @@ def choose_score_signal(gp: LastLayerNTKGP, val_features: np.ndarray, val_logits
                 'rule': f'fewer than {MIN_UNKNOWN_FOR_CHOICE} unknown objects: the GP variance'}
     known = predictive_signals(gp, val_features, val_logits, activation)
     other = predictive_signals(gp, unknown.features, unknown.logits, activation)
+    # Candidates are the signals themselves, not the score the current reference gives.
+    known.pop('calibrated_score', None)
+    other.pop('calibrated_score', None)
     targets = np.r_[np.zeros(len(val_features), bool), np.ones(len(unknown.labels), bool)]
     aurocs = {name: round(auroc(np.r_[known[name], other[name]], targets), 4)
               for name in known}
@@ -549,9 +556,6 @@ def ood_score_rows(gp: LastLayerNTKGP, activation: str, train_features: np.ndarr
     per_side = []
     for objects in (known, unknown):
         scores = predictive_signals(gp, objects.features, objects.logits, activation)
-        calibrated = gp.predict(objects.features, objects.logits).calibrated_score
-        if calibrated is not None:
-            scores['calibrated_score'] = calibrated
         scores.update(baseline_scores(objects.logits, objects.features, bank, activation))
         per_side.append(scores)
     known_scores, unknown_scores = per_side

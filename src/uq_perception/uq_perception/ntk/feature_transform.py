@@ -121,7 +121,7 @@ class FeatureTransform:
         layout = check_blocks(blocks, x.shape[1])
         means, counts = [], []
         for block in layout:
-            rows = _rows_of(x, block)
+            rows = rows_of(x, block)
             count = int(rows.sum())
             counts.append(count)
             means.append(x[rows, block.start:block.stop].mean(axis=0) if centre and count
@@ -137,7 +137,7 @@ class FeatureTransform:
         """The transformed ``(N, D)`` float64 features (the input is not modified)."""
         x = np.array(features, dtype=np.float64, ndmin=2)
         for block, mean in zip(self.blocks, self.means, strict=True):
-            rows = _rows_of(x, block)
+            rows = rows_of(x, block)
             part = x[rows, block.start:block.stop] - mean
             norms = np.linalg.norm(part, axis=1, keepdims=True)
             scale = math.sqrt(block.width) / np.maximum(norms, _MIN_NORM)
@@ -187,7 +187,7 @@ class FeatureTransform:
         return cls(layout, tuple(split), centred, tuple(counts))
 
 
-def _rows_of(x: np.ndarray, block: FeatureBlock) -> np.ndarray:
+def rows_of(x: np.ndarray, block: FeatureBlock) -> np.ndarray:
     """Which rows belong to ``block``: all, or those whose bias slot is set."""
     if block.bias_index is None:
         return np.ones(x.shape[0], dtype=bool)

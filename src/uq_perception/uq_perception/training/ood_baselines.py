@@ -43,14 +43,11 @@ def _logsumexp(logits: np.ndarray) -> np.ndarray:
 
 def msp_score(logits: np.ndarray, activation: str) -> np.ndarray:
     """``1 - max_c p_c``, ``p = softmax(f)`` or ``sigmoid(f)`` as the detector scores."""
-    f = np.asarray(logits, np.float64)
-    if activation == 'softmax':
-        top = np.exp(f.max(axis=1) - _logsumexp(f))
-    elif activation == 'sigmoid':
-        top = 0.5 * (1.0 + np.tanh(0.5 * f.max(axis=1)))
-    else:
+    from uq_perception.detectors.onnx_feature_tap import ScoreActivation, activate
+
+    if activation not in ('softmax', 'sigmoid'):
         raise ValueError(f'activation must be softmax or sigmoid, got {activation!r}')
-    return 1.0 - top
+    return 1.0 - activate(np.asarray(logits, np.float64), ScoreActivation(activation)).max(axis=1)
 
 
 def max_logit_score(logits: np.ndarray) -> np.ndarray:
