@@ -50,3 +50,30 @@ def test_loading_a_torch_archive_as_onnx_says_which_format_it_is():
     with pytest.raises(ValueError, match='^model_format onnx reads ONNX files, but .* is a '
                                          r'PyTorch checkpoint .*needs model_format torch$'):
         load_model('onnx', default_detector_path())
+
+
+def test_source_checkout_fallback_is_the_workspace_models_folder():
+    """Run from source without the ament index (the ROS-free packages on a machine without
+    ROS), the shipped model is read from the workspace's models/."""
+    from uq_perception.detectors.model_files import DETECTOR_FILE, source_checkout_model_dir
+
+    here = Path(__file__).resolve().parents[3] / 'models'
+    assert source_checkout_model_dir() == here
+    assert (source_checkout_model_dir() / DETECTOR_FILE).is_file()
+
+
+def test_shipped_model_is_found_without_the_ament_index(monkeypatch):
+    import builtins
+
+    from uq_perception.detectors import model_files
+
+    real_import = builtins.__import__
+
+    def without_ament_index(name, *args, **kwargs):
+        if name.startswith('ament_index_python'):
+            raise ImportError(f'No module named {name!r}')
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delenv(model_files.MODEL_DIR_VARIABLE, raising=False)
+    monkeypatch.setattr(builtins, '__import__', without_ament_index)
+    assert (model_files.shipped_model_dir() / model_files.DETECTOR_FILE).is_file()

@@ -27,18 +27,31 @@ def shipped_model_dir() -> Path:
     override = os.environ.get(MODEL_DIR_VARIABLE)
     if override:
         return Path(override)
+    installed = _installed_model_dir()
+    if installed is not None and (installed / DETECTOR_FILE).exists():
+        return installed
+    return source_checkout_model_dir()
+
+
+def _installed_model_dir() -> Path | None:
+    """The installed package's ``share/uq_perception/models``; None without the ament index
+    (the ROS-free packages run from source on machines without ROS) or the package."""
     try:
         from ament_index_python.packages import (
             PackageNotFoundError,
             get_package_share_directory,
         )
+    except ImportError:
+        return None
+    try:
+        return Path(get_package_share_directory(PACKAGE)) / 'models'
+    except (PackageNotFoundError, ValueError):
+        return None
 
-        installed = Path(get_package_share_directory(PACKAGE)) / 'models'
-        if (installed / DETECTOR_FILE).exists():
-            return installed
-    except (ImportError, PackageNotFoundError, ValueError):
-        pass
-    return Path(__file__).resolve().parents[3] / 'models'
+
+def source_checkout_model_dir() -> Path:
+    """The workspace's ``models/``, for a package run from its source folder."""
+    return Path(__file__).resolve().parents[4] / 'models'
 
 
 def default_detector_path() -> Path:
