@@ -12,117 +12,33 @@ once the frames stop, the stale-input diagnostics and the fall-back to teleopera
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import rclpy
-from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.executors import SingleThreadedExecutor
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from node_flow import SCENE_OBJECTS, Flow, render, start, stop
 from sensor_msgs.msg import CameraInfo, Image
-from visualization_msgs.msg import MarkerArray
 
 from uq_common.image_codec import rgb_to_image_fields
-from uq_msgs.msg import AutonomyState, DetectionArray
+from uq_msgs.msg import AutonomyState
 from uq_perception.training.detection_metrics import box_iou
 
 DOMAIN_ID = 61
 # The node loads torch and the model first; a loaded 2-core machine makes that slow.
 START_TIMEOUT_S = 180.0
 TIMEOUT_S = 60.0
-KNOWN, UNKNOWN = ('box', 'sphere', 'mug'), 'torus'
-POSITIONS = [(-0.2, 0.0), (0.0, 0.12), (0.2, -0.05), (0.03, -0.15)]
-
-
-def _render() -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    from uq_sim.scene import compose_scene, render_scene
-
-    placements = list(zip(KNOWN + (UNKNOWN,), POSITIONS, strict=True))
-    frame = render_scene(compose_scene(placements, seed=0))
-    boxes = {}
-    for ann in frame.annotations:
-        x, y, w, h = ann.bbox
-        boxes[ann.class_name] = np.array([x + w / 2, y + h / 2, w, h], dtype=np.float32)
-    return frame.rgb, boxes
-
-
-class Flow:
-    """Camera side and observer: publishes frames, collects every output of the nodes."""
-
-    def __init__(self, context) -> None:
-        self.node = rclpy.create_node('flow_test_camera', context=context)
-        reliable = QoSProfile(depth=50, reliability=ReliabilityPolicy.RELIABLE)
-        self.detections: list[DetectionArray] = []
-        self.overlays: list[Image] = []
-        self.markers: list[MarkerArray] = []
-        self.diagnostics: list[DiagnosticArray] = []
-        self.states: list[AutonomyState] = []
-        self.node.create_subscription(DetectionArray, 'detections', self.detections.append,
-                                      reliable)
-        # The overlay is published best-effort (sensor data), as a camera image is.
-        self.node.create_subscription(Image, 'overlay', self.overlays.append,
-                                      qos_profile_sensor_data)
-        self.node.create_subscription(MarkerArray, 'markers', self.markers.append, reliable)
-        self.node.create_subscription(DiagnosticArray, '/diagnostics', self.diagnostics.append,
-                                      reliable)
-        self.node.create_subscription(AutonomyState, 'autonomy_state', self.states.append,
-                                      QoSProfile(depth=50, reliability=ReliabilityPolicy.RELIABLE,
-                                                 durability=DurabilityPolicy.TRANSIENT_LOCAL))
-        self.images = self.node.create_publisher(Image, 'image', reliable)
-        self.info = self.node.create_publisher(CameraInfo, 'camera_info', reliable)
-        self.executor = SingleThreadedExecutor(context=context)
-        self.executor.add_node(self.node)
-
-    def spin_until(self, condition: Callable[[], bool], timeout_s: float = TIMEOUT_S,
-                   every: Callable[[], None] | None = None, period_s: float = 0.5) -> bool:
-        deadline = time.monotonic() + timeout_s
-        next_call = 0.0
-        while time.monotonic() < deadline:
-            if every is not None and time.monotonic() >= next_call:
-                every()
-                next_call = time.monotonic() + period_s
-            self.executor.spin_once(timeout_sec=0.05)
-            if condition():
-                return True
-        return condition()
-
-    def diagnostic_values(self) -> list[tuple[str, dict[str, str]]]:
-        return [(s.message, {kv.key: kv.value for kv in s.values})
-                for d in self.diagnostics for s in d.status if 'uncertainty detector' in s.name]
-
-
-def _start(executable: str, *args: str) -> subprocess.Popen:
-    path = shutil.which(executable)
-    assert path, f'{executable} is not on PATH (source scripts/env.sh)'
-    return subprocess.Popen([path, '--ros-args', *args, '--log-level', 'warn'],
-                            env=os.environ | {'ROS_DOMAIN_ID': str(DOMAIN_ID)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-
-
-def _stop(process: subprocess.Popen) -> str:
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-    return process.stdout.read() if process.stdout else ''
+KNOWN, UNKNOWN = SCENE_OBJECTS[:3], SCENE_OBJECTS[3]
 
 
 @pytest.fixture(scope='module')
 def flow() -> Iterator[Flow]:
     os.environ['ROS_DOMAIN_ID'] = str(DOMAIN_ID)
-    detector = _start('detector_node', '-p', 'autostart:=true', '-p', 'torch_threads:=1',
-                      '-p', 'stale_input_timeout:=1.0', '-p', 'diagnostics_period:=0.5')
-    arbitration = _start('arbitration_node', '-p', 'image_width:=320',
-                         '-p', 'image_height:=240')
+    detector = start('detector_node', DOMAIN_ID, '-p', 'autostart:=true',
+                     '-p', 'torch_threads:=1', '-p', 'stale_input_timeout:=1.0',
+                     '-p', 'diagnostics_period:=0.5')
+    arbitration = start('arbitration_node', DOMAIN_ID, '-p', 'image_width:=320',
+                        '-p', 'image_height:=240')
     context = rclpy.Context()
     rclpy.init(context=context, domain_id=DOMAIN_ID)
     f = Flow(context)
@@ -132,12 +48,12 @@ def flow() -> Iterator[Flow]:
         f.executor.shutdown()
         f.node.destroy_node()
         context.try_shutdown()
-        logs = _stop(detector) + _stop(arbitration)
+        logs = stop(detector) + stop(arbitration)
         assert 'Traceback' not in logs, logs
 
 
 def test_images_to_detections_to_autonomy_state_across_processes(flow: Flow):
-    rgb, truth = _render()
+    rgb, truth = render()
     fields = rgb_to_image_fields(rgb)
     sent = [0]
     stamps: set[tuple[int, int]] = set()
