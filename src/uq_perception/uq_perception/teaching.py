@@ -272,6 +272,8 @@ def load_learnt_state(shipped: LastLayerNTKGP, path: Path | None) -> LearntState
     else:
         if shipped.score_reference is not None:
             learnt.score_reference = shipped.score_reference
+        if shipped.scale_gating is not None and learnt.scale_gating is not None:
+            learnt.scale_gating = shipped.scale_gating
         labels = len(learnt.applied_updates)
         return LearntState(learnt, f'loaded the learnt state {path}: {labels} labels, '
                                    f'classes {learnt.class_names}', save_to=path,
