@@ -10,6 +10,15 @@ or automatically for two layouts (:class:`HeadLayout`):
   outputs, or one ``(1, Q, 4 + C)``), the logits made by a final linear layer
   (MatMul + Add, or Gemm) on the per-query features.
 
+An output already reduced in the graph, one row ``box, score, class`` per kept detection
+(``(1, K, 6)``, as Ultralytics' RT-DETR export writes it), is read through the graph's own
+selection when a ``TopK`` over the flattened ``(Q x C)`` class scores of a linear class node
+makes it: the kept row ``k`` is query ``index_k // C`` of that node and class
+``index_k mod C``, checked on the probe input against the output's score and class columns.
+A query kept with several classes is one candidate, with its top class (its first row: the
+rows come by descending score), as the un-reduced set prediction gives it. Other reductions
+(in-graph non-maximum suppression) are refused in one line.
+
 Candidates are linear nodes (1x1 Conv, Gemm, MatMul [+ Add]) with constant weights; the
 tap keeps those whose outputs, passed through the model's own activation (none, sigmoid
 or softmax), reproduce the class part of the model's output on a probe input. ``W`` and
@@ -274,6 +283,9 @@ class FeatureTap:
         ``sigmoid``, ``softmax``).
     class_output, box_output
         Names of the model outputs holding the class part and the boxes.
+    kept_index
+        For an output reduced in the graph: the ``TopK`` indices tensor that chose its rows
+        (module docstring); None otherwise.
     """
 
     layout: HeadLayout
@@ -284,13 +296,17 @@ class FeatureTap:
     output_activation: str
     class_output: str
     box_output: str
+    kept_index: str | None = None
 
     @property
     def tensors(self) -> list[str]:
-        """Graph tensors the session must return: every node's features and logits."""
+        """Graph tensors the session must return: every node's features and logits, and
+        the indices of the kept rows of a reduced output."""
         names: list[str] = []
         for node in self.nodes:
             names += [node.feature_tensor, node.logit_tensor]
+        if self.kept_index is not None:
+            names.append(self.kept_index)
         return names
 
 
@@ -387,6 +403,65 @@ def _find_detr(outputs: dict[str, np.ndarray], values: dict[str, np.ndarray],
     return None
 
 
+def _find_reduced(outputs: dict[str, np.ndarray], values: dict[str, np.ndarray],
+                  candidates: Sequence[ClassNode], topks: Sequence[Any]) -> FeatureTap | None:
+    """The tap of an output reduced by a ``TopK`` over a class node's flattened scores
+    (module docstring), or None."""
+    for name, out in outputs.items():
+        if out.ndim != 3 or out.shape[0] != 1 or out.shape[2] not in REDUCED_WIDTHS:
+            continue
+        kept = out.shape[1]
+        for topk in topks:
+            data, top, index = (values.get(t) for t in (topk.input[0], topk.output[0],
+                                                        topk.output[1]))
+            if data is None or top is None or index is None or data.ndim != 2 \
+                    or data.shape[0] != 1 or index.shape != (1, kept) \
+                    or _deviation(out[0, :, 4], top[0]) > MATCH_TOLERANCE:
+                continue
+            for candidate in candidates:
+                logits = values[candidate.logit_tensor]
+                logits = logits[None] if logits.ndim == 2 else logits
+                if logits.ndim != 3 or logits.shape[0] != 1 \
+                        or logits.shape[1] * logits.shape[2] != data.shape[1]:
+                    continue
+                # Softmax is over each query's classes, not the flattened scores.
+                found = _matching_activation(logits.reshape(1, -1), data)
+                classes = logits.shape[2]
+                if found not in ('identity', ScoreActivation.SIGMOID) or not np.array_equal(
+                        out[0, :, 5], (index[0] % classes).astype(out.dtype)):
+                    continue
+                return FeatureTap(HeadLayout.DETR, (candidate,), (logits.shape[1],),
+                                  candidate.head, False, str(found), name, name,
+                                  topk.output[1])
+    return None
+
+
+#: Why a softmax head with a trailing "no object" class is refused (one line).
+NO_OBJECT_REFUSAL = (
+    'its class head is a softmax over C + 1 logits whose last is "no object" (the original '
+    'DETR): the GP and the score take every logit for a class of its own, and no head over the '
+    'C real classes exists in the graph; export a model with per-class sigmoid logits '
+    '(RT-DETR, Deformable DETR)')
+
+
+def _no_object_softmax(outputs: dict[str, np.ndarray], values: dict[str, np.ndarray],
+                       candidates: Sequence[ClassNode]) -> str | None:
+    """The output that is ``softmax(logits)[..., :C]`` of a candidate with ``C + 1`` logits
+    (a DETR head with its "no object" probability dropped), or None."""
+    for name, out in outputs.items():
+        if out.ndim != 3 or out.shape[0] != 1:
+            continue
+        for candidate in candidates:
+            logits = values[candidate.logit_tensor]
+            logits = logits[None] if logits.ndim == 2 else logits
+            if logits.shape[:2] != out.shape[:2] or logits.shape[2] != out.shape[2] + 1:
+                continue
+            probabilities = activate(logits, ScoreActivation.SOFTMAX)[..., :-1]
+            if _deviation(probabilities, out) <= MATCH_TOLERANCE:
+                return name
+    return None
+
+
 def find_feature_tap(proto: Any, run: Callable[[bytes], Mapping[str, np.ndarray]],
                      layout: HeadLayout = HeadLayout.AUTO,
                      class_nodes: Sequence[str] = ()) -> FeatureTap:
@@ -418,7 +493,9 @@ def find_feature_tap(proto: Any, run: Callable[[bytes], Mapping[str, np.ndarray]
         raise ValueError('the model has no linear node (1x1 Conv, Gemm or MatMul) with '
                          'constant weights that could produce class logits')
     model_outputs = [o.name for o in proto.graph.output]
-    taps = sorted({c.logit_tensor for c in candidates} - set(model_outputs))
+    topks = [n for n in proto.graph.node if n.op_type == 'TopK' and len(n.output) == 2]
+    selection = {t for n in topks for t in (n.input[0], *n.output)}
+    taps = sorted(({c.logit_tensor for c in candidates} | selection) - set(model_outputs))
     values = dict(run(with_outputs(infer_types(proto), taps)))
     outputs = {name: values[name] for name in model_outputs}
     tap = None
@@ -426,16 +503,27 @@ def find_feature_tap(proto: Any, run: Callable[[bytes], Mapping[str, np.ndarray]
         tap = _find_yolo(outputs, values, candidates, bool(class_nodes))
     if tap is None and layout in (HeadLayout.AUTO, HeadLayout.DETR):
         tap = _find_detr(outputs, values, candidates)
+    if tap is None and layout in (HeadLayout.AUTO, HeadLayout.DETR):
+        tap = _find_reduced(outputs, values, candidates, topks)
     if tap is None:
+        no_object = _no_object_softmax(outputs, values, candidates)
+        if no_object is not None:
+            raise ValueError(f'the output {no_object} {tuple(outputs[no_object].shape)} is not '
+                             f'supported: {NO_OBJECT_REFUSAL}')
         shapes = ', '.join(f'{n} {tuple(v.shape)}' for n, v in outputs.items())
         reduced = [n for n, v in outputs.items() if v.ndim == 3 and v.shape[-1] in
                    REDUCED_WIDTHS]
         if len(outputs) == 1 and reduced:
+            suppression = any(n.op_type == 'NonMaxSuppression' for n in proto.graph.node)
             raise ValueError(
                 f'the output {reduced[0]} {tuple(outputs[reduced[0]].shape)} is already '
-                'reduced in the graph (box, score and class of each kept detection): it '
-                'holds no class logits to match per detection; export the model without '
-                'in-graph NMS or top-k (Ultralytics: nms=False for YOLOv8/11)')
+                'reduced in the graph (box, score and class of each kept detection) and '
+                + ('its rows come from in-graph non-maximum suppression, whose kept boxes '
+                   'are not mapped back to anchors' if suppression else
+                   'no TopK over the flattened class scores of a linear class node chose its '
+                   'rows')
+                + '; export the model without the in-graph reduction (Ultralytics: '
+                'nms=False)')
         raise ValueError(
             f'no class-logit node found for layout {layout.value} (outputs: {shapes}): '
             'expected a YOLO output (1, 4 + C, N) made from per-scale 1x1 class convolutions, '
