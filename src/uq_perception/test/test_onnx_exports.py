@@ -1,6 +1,7 @@
 """The common export shapes that are not a plain YOLO or DETR output, on small networks built
 here: an output reduced in the graph by a TopK over the flattened class scores (Ultralytics'
-RT-DETR export) is read through the graph's own indices; one reduced by in-graph
+RT-DETR export), or by two (an end-to-end YOLO export: YOLO26 with nms=False), is read
+through the graph's own indices; one reduced by in-graph
 non-maximum suppression (YOLOv8 with nms=True) and a softmax head with a trailing "no
 object" class (the original DETR) are refused in one line saying why; an RT-DETR named in
 the file's metadata is stretched, not letterboxed."""
@@ -91,6 +92,62 @@ def test_an_output_reduced_by_a_topk_is_read_through_the_graphs_indices(tmp_path
     np.testing.assert_allclose(found.embeddings, h[queries].numpy(), atol=1e-5)
     np.testing.assert_allclose(found.scores, scores[queries].max(1).values.numpy(), atol=1e-5)
     np.testing.assert_allclose(found.boxes, boxes[queries].numpy(), atol=1e-3)
+
+
+class EndToEndYolo(nn.Module):
+    """A multi-scale YOLO head with the selection of Ultralytics' end-to-end export: the top
+    ``anchors`` anchors by best score, then the top ``anchors`` (anchor, class) pairs among
+    them, each written as ``x1, y1, x2, y2, score, class``."""
+
+    def __init__(self, yolo: nn.Module, anchors: int) -> None:
+        super().__init__()
+        self.yolo, self.anchors = yolo, anchors
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        boxes, scores = self.yolo(x).permute(0, 2, 1).split([4, self.yolo.num_classes], -1)
+        xyxy = torch.cat([boxes[..., :2] - boxes[..., 2:] / 2,
+                          boxes[..., :2] + boxes[..., 2:] / 2], -1)
+        first = scores.max(-1).values.topk(self.anchors).indices
+        among = scores.gather(1, first.unsqueeze(-1).expand(-1, -1, scores.shape[-1]))
+        top, index = among.flatten(1).topk(self.anchors)
+        anchor = first.gather(1, torch.div(index, scores.shape[-1], rounding_mode='floor'))
+        kept = xyxy.gather(1, anchor.unsqueeze(-1).expand(-1, -1, 4))
+        label = index - torch.div(index, scores.shape[-1], rounding_mode='floor') \
+            * scores.shape[-1]
+        return torch.cat([kept, top[..., None], label[..., None].float()], -1)
+
+
+def test_an_end_to_end_yolo_output_is_read_through_its_two_selections(tmp_path, toy):
+    torch.manual_seed(3)
+    yolo = toy.TinyYolo().eval()
+    size = (96, 128)
+    detector = OnnxDetector(toy.export(EndToEndYolo(yolo, 30).eval(), size,
+                                       tmp_path / 'end2end.onnx', ['output0']))
+    tap = detector.tap
+    assert tap.layout is HeadLayout.YOLO and tap.stacked and len(tap.nodes) == 3
+    assert tap.kept_index is not None and tap.kept_anchors is not None
+    assert detector.box_format.value == 'xyxy' and detector.nms.value == 'none'
+    image = toy.scene(6, size)
+    found = detector.infer(image, 0.0, 100)
+    check_linear_head(detector.head(), found.embeddings, found.logits, 1e-4)
+    with torch.no_grad():
+        x = torch.from_numpy(image.astype(np.float32) / 255).permute(2, 0, 1)[None]
+        out = yolo(x)[0].T
+    scores, boxes = out[:, 4:], out[:, :4]
+    first = scores.max(1).values.topk(30).indices
+    pairs = scores[first].flatten().topk(30).indices // scores.shape[1]
+    anchors = list(dict.fromkeys(first[pairs].tolist()))
+    assert len(found) == len(anchors)
+    np.testing.assert_allclose(found.scores, scores[anchors].max(1).values.numpy(), atol=1e-5)
+    # The contract clips boxes to the image.
+    centre, extent = boxes[anchors, :2].numpy(), boxes[anchors, 2:].numpy()
+    xyxy = np.clip(np.c_[centre - extent / 2, centre + extent / 2], 0, [128, 96, 128, 96])
+    np.testing.assert_allclose(found.boxes, np.c_[(xyxy[:, :2] + xyxy[:, 2:]) / 2,
+                                                  xyxy[:, 2:] - xyxy[:, :2]], atol=1e-3)
+    # Each detection's features are its anchor's scale block.
+    scale_of = np.searchsorted(np.cumsum([192, 48, 12]), anchors, side='right')
+    np.testing.assert_array_equal(found.embeddings[:, [16, 33, 50]],
+                                  np.eye(3, dtype=np.float32)[scale_of])
 
 
 def _suppressed_export(path) -> None:

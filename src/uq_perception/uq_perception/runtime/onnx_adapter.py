@@ -426,14 +426,17 @@ class OnnxDetector(DetectorContract):
             activation = ScoreActivation.SOFTMAX if self.tap.output_activation == 'softmax' \
                 else ScoreActivation.SIGMOID
         self.score_activation = activation
+        reduced = self.tap.kept_index is not None
         box_format = config.box_format
         if box_format is BoxFormat.AUTO:
-            box_format = BoxFormat.CXCYWH if self.tap.layout is HeadLayout.YOLO \
-                else BoxFormat.CXCYWH_NORMALIZED
+            # An end-to-end YOLO export writes its kept boxes as x1, y1, x2, y2 pixels.
+            box_format = (BoxFormat.XYXY if reduced else BoxFormat.CXCYWH) \
+                if self.tap.layout is HeadLayout.YOLO else BoxFormat.CXCYWH_NORMALIZED
         self.box_format = box_format
         nms = config.nms
         if nms is NmsMode.AUTO:
-            nms = NmsMode.CLASS if self.tap.layout is HeadLayout.YOLO else NmsMode.NONE
+            nms = NmsMode.CLASS if self.tap.layout is HeadLayout.YOLO and not reduced \
+                else NmsMode.NONE
         self.nms = nms
         # The tap must give the head's own logits: checked once here on the probe image.
         values = self._runner.run({self._input_name: probe}, self._outputs)
@@ -510,7 +513,7 @@ class OnnxDetector(DetectorContract):
 
     def _raw_boxes(self, values: dict[str, np.ndarray]) -> np.ndarray:
         out = np.asarray(values[self.tap.box_output])
-        if self.tap.layout is HeadLayout.YOLO:
+        if self.tap.layout is HeadLayout.YOLO and self.tap.kept_index is None:
             return out[0, :4, :].T
         return out[0, :, :4]
 
@@ -529,8 +532,6 @@ class OnnxDetector(DetectorContract):
                 lg = lg.reshape(-1, lg.shape[-1])
             logits.append(lg)
             features.append(phi)
-        if self.tap.kept_index is not None:
-            return self._kept_rows(values, features[0], logits[0])
         if self.tap.stacked:
             width = sum(f.shape[1] + 1 for f in features)
             blocks = []
@@ -544,14 +545,22 @@ class OnnxDetector(DetectorContract):
             feature_rows = np.concatenate(blocks)
         else:
             feature_rows = np.concatenate(features)
+        if self.tap.kept_index is not None:
+            return self._kept_rows(values, feature_rows, np.concatenate(logits))
         return feature_rows, np.concatenate(logits), self._raw_boxes(values)
 
     def _kept_rows(self, values: dict[str, np.ndarray], features: np.ndarray,
                    logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The candidates of an output reduced by a TopK (onnx_feature_tap): row ``k`` is
-        query ``index_k // C``; a query kept with several classes once, at its first row."""
+        """The candidates of an output reduced by TopK selection (onnx_feature_tap): row
+        ``k`` is anchor ``index_k // C`` (of the first stage's kept anchors, with two); an
+        anchor kept with several classes once, at its first row."""
         index = np.asarray(values[str(self.tap.kept_index)]).reshape(-1).astype(np.int64)
         query = index // self.tap.head.num_classes
+        if self.tap.kept_anchors is not None:
+            anchors = np.asarray(values[self.tap.kept_anchors]).reshape(-1).astype(np.int64)
+            if query.size and not (0 <= query.min() and query.max() < len(anchors)):
+                raise ValueError(f'the kept rows name anchors outside 0..{len(anchors) - 1}')
+            query = anchors[query]
         first = np.sort(np.unique(query, return_index=True)[1])
         picked = query[first]
         if picked.size and not (0 <= picked.min() and picked.max() < len(features)):
