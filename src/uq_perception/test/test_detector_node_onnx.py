@@ -27,9 +27,10 @@ from uq_common.image_codec import rgb_to_image_fields  # noqa: E402
 from uq_msgs.msg import DetectionArray  # noqa: E402
 from uq_perception.detector_node import DetectorNode  # noqa: E402
 from uq_perception.detectors.contract import extract_features, gp_head_arguments  # noqa: E402
-from uq_perception.ntk import LastLayerNTKGP, NTKGPConfig  # noqa: E402
+from uq_perception.ntk import Gating, LastLayerNTKGP, NTKGPConfig  # noqa: E402
 from uq_perception.ntk.feature_transform import FeatureBlock, FeatureTransform  # noqa: E402
 from uq_perception.runtime.onnx_adapter import OnnxDetector  # noqa: E402
+from uq_perception.training.train import fit_gp  # noqa: E402
 
 TIMEOUT_S = 30.0
 SIZE = (96, 128)
@@ -59,10 +60,10 @@ def _node(context, path, gp_path, **parameters) -> DetectorNode:
         Parameter(name, value=value) for name, value in values.items()])
 
 
-def _detections_of_one_frame(ros_context, path, gp_path, toy) -> DetectionArray:
+def _detections_of_one_frame(ros_context, path, gp_path, toy, **parameters) -> DetectionArray:
     """Start a detector node on the model and GP, configure and activate it over its
     lifecycle service, publish one scene over DDS, and return the first DetectionArray."""
-    detector = _node(ros_context, path, gp_path)
+    detector = _node(ros_context, path, gp_path, **parameters)
     client = Node('onnx_detector_test_client', context=ros_context)
     received: list[DetectionArray] = []
     client.create_subscription(DetectionArray, 'detections', received.append,
@@ -138,6 +139,48 @@ def test_a_per_scale_feature_transform_gives_fit_node_and_evaluator_one_variance
     plain = LastLayerNTKGP(config=NTKGPConfig(num_experts=1), **gp_head_arguments(detector))
     plain.fit(features.embeddings)
     assert not np.allclose(plain.gp_variance(embeddings), published, rtol=1e-3, atol=0.0)
+
+
+def test_scale_gating_gives_fit_node_and_evaluator_one_variance_and_score(
+        ros_context, tmp_path, onnx_files, toy):
+    path, _, _, _ = onnx_files
+    detector = OnnxDetector(path)
+    blocks = [FeatureBlock(*b) for b in detector.feature_blocks()]
+
+    def objects(seeds: range):
+        found = extract_features(detector, [toy.scene(seed, (120, 160)) for seed in seeds],
+                                 0.0, 300)
+        return found.embeddings, np.argmax(found.logits, axis=1)
+
+    (train, train_labels), (val, val_labels) = objects(range(20, 24)), objects(range(30, 34))
+    # The fit of `uq gp fit` for a multi-scale head: one expert per scale.
+    fitted, _ = fit_gp(detector.head(), detector.class_names, detector.model_id, train,
+                       train_labels, val, val_labels, candidates=(('scale', 0),),
+                       feature_transform=FeatureTransform.fitted(train, blocks),
+                       scale_blocks=blocks, log=lambda _line: None)
+    scales = fitted.scale_gating
+    assert fitted.config.gating is Gating.SCALE and scales is not None
+    # Every scale of the validation objects has its own threshold and score reference.
+    assert min(scales.validation_counts) >= 20
+    assert all(t is not None for t in scales.ood_thresholds)
+    assert len(set(scales.ood_thresholds)) == 3 and None not in scales.references
+    gp_path = tmp_path / 'yolo_scales_gp.npz'
+    fitted.save(gp_path)
+    # Suppression across classes at a low IoU leaves detections of several scales.
+    out = _detections_of_one_frame(ros_context, path, gp_path, toy, score_threshold=0.0,
+                                   max_detections=100, onnx_nms='agnostic', onnx_nms_iou=0.1)
+    embeddings = np.array([det.embedding for det in out.detections], np.float32)
+    published = [np.array([getattr(det.uncertainty, name) for det in out.detections])
+                 for name in ('gp_variance', 'calibrated_score', 'out_of_distribution',
+                              'expert_id')]
+    expected = fitted.predict(embeddings)
+    evaluated = LastLayerNTKGP.load(gp_path).predict(embeddings)
+    assert len(set(published[3])) >= 2, 'the frame should have detections at several scales'
+    for side in (expected, evaluated):
+        np.testing.assert_allclose(published[0], side.gp_variance, rtol=1e-6)
+        np.testing.assert_allclose(published[1], side.calibrated_score, atol=1e-6)
+        np.testing.assert_array_equal(published[2], side.out_of_distribution)
+        np.testing.assert_array_equal(published[3], side.expert_id)
 
 
 def test_onnx_model_needs_the_onnxruntime_backend_and_its_own_gp(ros_context, onnx_files,

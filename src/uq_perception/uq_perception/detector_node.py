@@ -193,9 +193,11 @@ PARAMETERS = [
     ParameterSpec('onnx_input_height', 0,
                   'Network input height of an ONNX model with a dynamic input (0: its own).',
                   min_value=0, max_value=8192, read_only=True, constraints=_INPUT_SIZE_RULE),
-    ParameterSpec('onnx_resize', ResizeMode.LETTERBOX.value,
+    ParameterSpec('onnx_resize', ResizeMode.AUTO.value,
                   'How a frame becomes the ONNX model\'s input: letterbox (aspect kept, '
-                  'padded) or stretch.', choices=[v.value for v in ResizeMode], read_only=True),
+                  'padded), stretch, or auto (stretch when the model\'s metadata names '
+                  'RT-DETR, else letterbox).', choices=[v.value for v in ResizeMode],
+                  read_only=True),
     ParameterSpec('onnx_pad_value', 114, 'Grey level of the letterbox padding.',
                   min_value=0, max_value=255, read_only=True),
     ParameterSpec('onnx_channel_order', ChannelOrder.RGB.value,

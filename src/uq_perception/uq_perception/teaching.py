@@ -241,7 +241,8 @@ def load_learnt_state(shipped: LastLayerNTKGP, path: Path | None) -> LearntState
     ``problem`` names both paths and the reason. When it cannot be moved, ``save_to`` is
     ``None``: labels are then kept in memory only, and the file stays as it is.
 
-    The calibrated score's reference is the shipped GP's when it has one: it describes the
+    The calibrated score's reference (and, for a GP gated by scale, each scale's threshold
+    and reference) is the shipped GP's when it has one: it describes the
     model's validation data, which labels do not change, and a learnt state saved before
     the shipped GP gained (or renewed) its reference would otherwise score nothing.
     """
@@ -272,6 +273,8 @@ def load_learnt_state(shipped: LastLayerNTKGP, path: Path | None) -> LearntState
     else:
         if shipped.score_reference is not None:
             learnt.score_reference = shipped.score_reference
+        if shipped.scale_gating is not None and learnt.scale_gating is not None:
+            learnt.scale_gating = shipped.scale_gating
         labels = len(learnt.applied_updates)
         return LearntState(learnt, f'loaded the learnt state {path}: {labels} labels, '
                                    f'classes {learnt.class_names}', save_to=path,

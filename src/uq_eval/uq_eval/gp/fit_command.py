@@ -40,7 +40,8 @@ _ADAPTER_OPTIONS = {
     'layout': ('layout', 'head layout: auto, yolo or detr'),
     'class_nodes': ('class_nodes', 'names of the class-logit nodes; none: found automatically'),
     'input_size': ('input_size', 'network input H W; none: the model\'s static input shape'),
-    'resize': ('resize', 'letterbox or stretch'),
+    'resize': ('resize', 'auto (stretch for an RT-DETR named in the metadata), letterbox or '
+                         'stretch'),
     'pad_value': ('pad_value', 'grey level 0-255 of letterbox padding'),
     'channel_order': ('channel_order', 'rgb or bgr'),
     'mean': ('mean', 'per-channel mean subtracted after scaling to [0, 1]'),

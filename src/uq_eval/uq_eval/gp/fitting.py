@@ -12,7 +12,8 @@ validation images:
    inputs the GP is queried with on the robot. A contract detector gives features only at
    its detections, so objects none finds are counted, not used.
 2. It fits the GP exactly as ``uq train`` fits the shipped one
-   (:func:`uq_perception.training.train.fit_gp`): the gating chosen on held-out validation NLL,
+   (:func:`uq_perception.training.train.fit_gp`): the gating chosen on held-out validation NLL
+   (a multi-scale head gates by scale, :mod:`uq_perception.ntk.scale_gating`),
    the probit factor and temperature calibrated on the validation objects, the OOD
    threshold at the configured quantile of their GP variance; then the calibrated score's
    reference from the same validation objects.
@@ -341,6 +342,10 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
                                              val.logits[~val_known]]),
                              np.full(int((~train_known).sum() + (~val_known).sum()), -1))
     blocks = tuple(FeatureBlock(*b) for b in detector.feature_blocks())
+    # A head with several scales gates by scale: each scale's own noise, prior precision,
+    # OOD threshold and score reference make calibrated_score mean the same at every scale.
+    by_scale: dict[str, Any] = {'candidates': (('scale', 0),), 'scale_blocks': blocks} \
+        if len(blocks) > 1 else {}
 
     def fit_with(kind: str) -> tuple[LastLayerNTKGP, list[Any]]:
         transform = None if kind == 'none' else FeatureTransform.fitted(
@@ -348,7 +353,8 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
         return fit_gp(detector.head(), names, detector.model_id,
                       train.features[train_known], train.labels[train_known],
                       val.features[val_known], val.labels[val_known], seed=settings.seed,
-                      log=log, reference_split=reference_split, feature_transform=transform)
+                      log=log, reference_split=reference_split, feature_transform=transform,
+                      **by_scale)
 
     transform_choice = choose_feature_transform(
         settings.feature_transform, train.features[train_known], val.features[val_known],
@@ -408,6 +414,12 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
                          'log_evidence': round(gp.log_marginal_likelihood(e), 4)}
                         for e in range(gp.num_experts)],
             'feature_transform': transform_choice,
+            'scales': None if gp.scale_gating is None else [
+                {'validation_objects': count, 'ood_threshold': threshold,
+                 'own_score_reference': own is not None}
+                for count, threshold, own in zip(gp.scale_gating.validation_counts,
+                                                 gp.scale_gating.ood_thresholds,
+                                                 gp.scale_gating.references, strict=True)],
             'score_signal': signal_choice,
             'probit_lambda': gp.probit_lambda, 'temperature': gp.temperature,
             'ood_quantile': gp.config.ood_quantile, 'ood_threshold': gp.ood_threshold,

@@ -10,6 +10,22 @@ or automatically for two layouts (:class:`HeadLayout`):
   outputs, or one ``(1, Q, 4 + C)``), the logits made by a final linear layer
   (MatMul + Add, or Gemm) on the per-query features.
 
+An output already reduced in the graph, one row ``box, score, class`` per kept detection
+(``(1, K, 6)``), is read through the graph's own selection when ``TopK`` nodes make it:
+
+- one ``TopK`` over the flattened ``(Q x C)`` class scores (Ultralytics' RT-DETR export):
+  row ``k`` is query ``index_k // C`` and class ``index_k mod C``;
+- two (Ultralytics' end-to-end YOLO exports, YOLO26 with ``nms=False``): a first ``TopK``
+  keeps anchors by their best score, a second the ``(kept anchor x C)`` pairs; row ``k``
+  is anchor ``first_k'`` with ``k' = index_k // C``. The class nodes are found as for a
+  YOLO output, on the un-reduced ``(1, 4 + C, N)`` tensor inside the graph.
+
+The choice is checked on the probe input: the output's classes must be ``index mod C`` and
+its scores those of the mapped anchors. An anchor or query kept with several classes is
+one candidate, with its top class (its first row: the rows come by descending score), as
+the un-reduced output gives it. Other reductions (in-graph non-maximum suppression) are
+refused in one line.
+
 Candidates are linear nodes (1x1 Conv, Gemm, MatMul [+ Add]) with constant weights; the
 tap keeps those whose outputs, passed through the model's own activation (none, sigmoid
 or softmax), reproduce the class part of the model's output on a probe input. ``W`` and
@@ -24,7 +40,7 @@ kernel is that of the separate per-scale parameters.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -274,6 +290,10 @@ class FeatureTap:
         ``sigmoid``, ``softmax``).
     class_output, box_output
         Names of the model outputs holding the class part and the boxes.
+    kept_index, kept_anchors
+        For an output reduced in the graph: the indices tensor of the ``TopK`` that chose its
+        rows, and of the first ``TopK`` that chose the anchors it picks from when there are
+        two (module docstring); None otherwise.
     """
 
     layout: HeadLayout
@@ -284,13 +304,17 @@ class FeatureTap:
     output_activation: str
     class_output: str
     box_output: str
+    kept_index: str | None = None
+    kept_anchors: str | None = None
 
     @property
     def tensors(self) -> list[str]:
-        """Graph tensors the session must return: every node's features and logits."""
+        """Graph tensors the session must return: every node's features and logits, and
+        the indices of the kept rows of a reduced output."""
         names: list[str] = []
         for node in self.nodes:
             names += [node.feature_tensor, node.logit_tensor]
+        names += [t for t in (self.kept_index, self.kept_anchors) if t is not None]
         return names
 
 
@@ -387,6 +411,113 @@ def _find_detr(outputs: dict[str, np.ndarray], values: dict[str, np.ndarray],
     return None
 
 
+# What a reduced output's scores may be of the logits (None: the logits themselves).
+_KEPT_ACTIVATIONS: tuple[ScoreActivation | None, ...] = (
+    None, ScoreActivation.SIGMOID, ScoreActivation.SOFTMAX)
+
+
+def _kept_selection(out: np.ndarray, scores: np.ndarray, values: dict[str, np.ndarray],
+                    topks: Sequence[Any]) -> tuple[str, str | None] | None:
+    """The TopK index tensors that chose the rows of the reduced output ``out`` ``(1, K, 6+)``
+    from the per-anchor class scores ``scores`` ``(N, C)``: the last TopK's (over ``anchor x
+    class`` pairs) and, for two stages, the first's (over anchors); or None.
+
+    Row ``k`` is anchor ``index_k // C`` (of the first stage's kept anchors, with two
+    stages) and class ``index_k mod C``. The choice is accepted only when, on the probe
+    input, the output's classes are ``index mod C`` and its scores are those anchors' scores
+    of those classes.
+    """
+    kept, classes = out.shape[1], scores.shape[1]
+    for last in topks:
+        top, index = values.get(last.output[0]), values.get(last.output[1])
+        if top is None or index is None or index.shape != (1, kept) \
+                or _deviation(out[0, :, 4], top.reshape(-1)) > MATCH_TOLERANCE \
+                or not np.array_equal(out[0, :, 5], (index[0] % classes).astype(out.dtype)):
+            continue
+        for first in [None, *(t for t in topks if t is not last)]:
+            rows = index[0] // classes
+            if first is not None:
+                anchors = values.get(first.output[1])
+                if anchors is None or anchors.ndim != 2 or anchors.shape[0] != 1 \
+                        or rows.max(initial=0) >= anchors.shape[1]:
+                    continue
+                rows = anchors[0][rows]
+            if rows.min(initial=0) < 0 or rows.max(initial=0) >= len(scores):
+                continue
+            if _deviation(scores[rows, index[0] % classes], out[0, :, 4]) <= MATCH_TOLERANCE:
+                return last.output[1], None if first is None else first.output[1]
+    return None
+
+
+def _find_reduced(outputs: dict[str, np.ndarray], values: dict[str, np.ndarray],
+                  candidates: Sequence[ClassNode], topks: Sequence[Any],
+                  inner: Sequence[str], explicit: bool) -> FeatureTap | None:
+    """The tap of an output reduced by TopK selection (module docstring), or None.
+
+    ``inner`` names graph tensors that may be the un-reduced YOLO output ``(1, 4 + C, N)``
+    the selection reads.
+    """
+    for name, out in outputs.items():
+        if out.ndim != 3 or out.shape[0] != 1 or out.shape[2] not in REDUCED_WIDTHS:
+            continue
+        for tensor in inner:
+            yolo = _find_yolo({tensor: values[tensor]}, values, candidates, explicit)
+            if yolo is None:
+                continue
+            rows = values[tensor][0, 4:, :].T
+            # The kept scores are the tensor's class rows, or the activation of its logits.
+            for activation in _KEPT_ACTIVATIONS:
+                if activation is not None and yolo.output_activation != 'identity':
+                    continue
+                scores = rows if activation is None else activate(rows, activation)
+                chosen = _kept_selection(out, scores, values, topks)
+                if chosen is not None:
+                    return replace(yolo, box_output=name, kept_index=chosen[0],
+                                   kept_anchors=chosen[1], output_activation=str(
+                                       yolo.output_activation if activation is None
+                                       else activation))
+        for candidate in candidates:
+            logits = values[candidate.logit_tensor]
+            logits = logits[0] if logits.ndim == 3 and logits.shape[0] == 1 else logits
+            if logits.ndim != 2:
+                continue
+            for activation in _KEPT_ACTIVATIONS:
+                scores = logits if activation is None else activate(logits, activation)
+                chosen = _kept_selection(out, scores, values, topks)
+                if chosen is not None:
+                    return FeatureTap(HeadLayout.DETR, (candidate,), (len(logits),),
+                                      candidate.head, False,
+                                      'identity' if activation is None else str(activation),
+                                      name, name, chosen[0], chosen[1])
+    return None
+
+
+#: Why a softmax head with a trailing "no object" class is refused (one line).
+NO_OBJECT_REFUSAL = (
+    'its class head is a softmax over C + 1 logits whose last is "no object" (the original '
+    'DETR): the GP and the score take every logit for a class of its own, and no head over the '
+    'C real classes exists in the graph; export a model with per-class sigmoid logits '
+    '(RT-DETR, Deformable DETR)')
+
+
+def _no_object_softmax(outputs: dict[str, np.ndarray], values: dict[str, np.ndarray],
+                       candidates: Sequence[ClassNode]) -> str | None:
+    """The output that is ``softmax(logits)[..., :C]`` of a candidate with ``C + 1`` logits
+    (a DETR head with its "no object" probability dropped), or None."""
+    for name, out in outputs.items():
+        if out.ndim != 3 or out.shape[0] != 1:
+            continue
+        for candidate in candidates:
+            logits = values[candidate.logit_tensor]
+            logits = logits[None] if logits.ndim == 2 else logits
+            if logits.shape[:2] != out.shape[:2] or logits.shape[2] != out.shape[2] + 1:
+                continue
+            probabilities = activate(logits, ScoreActivation.SOFTMAX)[..., :-1]
+            if _deviation(probabilities, out) <= MATCH_TOLERANCE:
+                return name
+    return None
+
+
 def find_feature_tap(proto: Any, run: Callable[[bytes], Mapping[str, np.ndarray]],
                      layout: HeadLayout = HeadLayout.AUTO,
                      class_nodes: Sequence[str] = ()) -> FeatureTap:
@@ -418,7 +549,14 @@ def find_feature_tap(proto: Any, run: Callable[[bytes], Mapping[str, np.ndarray]
         raise ValueError('the model has no linear node (1x1 Conv, Gemm or MatMul) with '
                          'constant weights that could produce class logits')
     model_outputs = [o.name for o in proto.graph.output]
-    taps = sorted({c.logit_tensor for c in candidates} - set(model_outputs))
+    topks = [n for n in proto.graph.node if n.op_type == 'TopK' and len(n.output) == 2]
+    # With a selection in the graph, its indices and the concatenations that may be the
+    # un-reduced YOLO output are read too.
+    selection = {t for n in topks for t in n.output}
+    inner = sorted({n.output[0] for n in proto.graph.node if n.op_type == 'Concat'}) \
+        if topks else []
+    taps = sorted(({c.logit_tensor for c in candidates} | selection | set(inner))
+                  - set(model_outputs))
     values = dict(run(with_outputs(infer_types(proto), taps)))
     outputs = {name: values[name] for name in model_outputs}
     tap = None
@@ -426,16 +564,27 @@ def find_feature_tap(proto: Any, run: Callable[[bytes], Mapping[str, np.ndarray]
         tap = _find_yolo(outputs, values, candidates, bool(class_nodes))
     if tap is None and layout in (HeadLayout.AUTO, HeadLayout.DETR):
         tap = _find_detr(outputs, values, candidates)
+    if tap is None and layout in (HeadLayout.AUTO, HeadLayout.DETR):
+        tap = _find_reduced(outputs, values, candidates, topks, inner, bool(class_nodes))
     if tap is None:
+        no_object = _no_object_softmax(outputs, values, candidates)
+        if no_object is not None:
+            raise ValueError(f'the output {no_object} {tuple(outputs[no_object].shape)} is not '
+                             f'supported: {NO_OBJECT_REFUSAL}')
         shapes = ', '.join(f'{n} {tuple(v.shape)}' for n, v in outputs.items())
         reduced = [n for n, v in outputs.items() if v.ndim == 3 and v.shape[-1] in
                    REDUCED_WIDTHS]
         if len(outputs) == 1 and reduced:
+            suppression = any(n.op_type == 'NonMaxSuppression' for n in proto.graph.node)
             raise ValueError(
                 f'the output {reduced[0]} {tuple(outputs[reduced[0]].shape)} is already '
-                'reduced in the graph (box, score and class of each kept detection): it '
-                'holds no class logits to match per detection; export the model without '
-                'in-graph NMS or top-k (Ultralytics: nms=False for YOLOv8/11)')
+                'reduced in the graph (box, score and class of each kept detection) and '
+                + ('its rows come from in-graph non-maximum suppression, whose kept boxes '
+                   'are not mapped back to anchors' if suppression else
+                   'no TopK over the flattened class scores of a linear class node chose its '
+                   'rows')
+                + '; export the model without the in-graph reduction (Ultralytics: '
+                'nms=False)')
         raise ValueError(
             f'no class-logit node found for layout {layout.value} (outputs: {shapes}): '
             'expected a YOLO output (1, 4 + C, N) made from per-scale 1x1 class convolutions, '

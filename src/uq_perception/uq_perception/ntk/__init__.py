@@ -6,6 +6,7 @@ The public API lives here; the modules split it by concern:
 - :mod:`.evidence`: the closed-form marginal likelihood and its maximisation;
 - :mod:`.linalg`: guarded SPD inverses and input checks;
 - :mod:`.gating`: k-means partition of feature space into experts;
+- :mod:`.scale_gating`: one expert, OOD threshold and score reference per scale;
 - :mod:`.predictive`: probit probabilities, entropy decomposition, torch query;
 - :mod:`.calibrated_score`: the model-independent score of a GP variance;
 - :mod:`.model`: :class:`LastLayerNTKGP`, the weight-space form (the fast path);

@@ -15,10 +15,12 @@ FORMAT_NAME = 'uq_perception.ntk_gp'
 # Version 3 adds the feature transform and score signals other than the variance. A state
 # that uses neither is still written as version 2, which readers that predate them load
 # unchanged; one that uses them is version 3, which those readers refuse instead of
-# querying it without its transform.
+# querying it without its transform. Version 4 adds scale gating (one expert, threshold and
+# score reference per scale); only a state that uses it is written as version 4.
+SCALE_FORMAT_VERSION = 4
 FORMAT_VERSION = 3
 PLAIN_FORMAT_VERSION = 2
-READABLE_FORMAT_VERSIONS = (PLAIN_FORMAT_VERSION, FORMAT_VERSION)
+READABLE_FORMAT_VERSIONS = (PLAIN_FORMAT_VERSION, FORMAT_VERSION, SCALE_FORMAT_VERSION)
 MAX_FEATURE_MAGNITUDE = 1e100
 # Cholesky pivots spanning more than this (squared) ratio are treated as near-singular.
 MAX_CONDITION = 1e12
@@ -36,6 +38,8 @@ class Gating(str, Enum):
 
     KMEANS = 'kmeans'
     CLASS = 'class'
+    # One expert per scale of a multi-scale head (scale_gating.py).
+    SCALE = 'scale'
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,8 @@ class NTKGPConfig:
     ----------
     num_experts : int
         ``M`` for k-means gating. Class gating has one expert per class of the head; there
-        it must be left at 1 or equal the number of classes.
+        it must be left at 1 or equal the number of classes. Scale gating has one expert
+        per scale; there it equals the number of scales.
     gating : Gating
         Hard gating mode.
     probit_lambda : float

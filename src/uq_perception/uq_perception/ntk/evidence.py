@@ -186,11 +186,12 @@ def fit_shared_noise(groups: Sequence[Sequence[SpectralEvidence]],
 
 def fit_expert_hyperparameters(experts: Sequence[SpectralEvidence], pooled: SpectralEvidence,
                                points: Sequence[int], labels_seen: Sequence[int],
-                               min_points: int, shared_noise: bool
+                               min_points: int | Sequence[int], shared_noise: bool
                                ) -> tuple[np.ndarray, np.ndarray, tuple[float, float]]:
     """Per-expert ``(sigma_m^2, delta_m)`` by marginal likelihood; see :class:`NTKGPConfig`.
 
-    ``pooled`` (all experts' data as one GP) gives the fallback values. With
+    ``pooled`` (all experts' data as one GP) gives the fallback values. ``min_points`` is
+    one count for every expert or one per expert. With
     ``shared_noise`` the experts with at least ``min_points`` of their ``points`` share
     one ``sigma^2``
     and each has its own ``delta_m`` (:func:`fit_shared_noise`); otherwise each such expert
@@ -202,18 +203,19 @@ def fit_expert_hyperparameters(experts: Sequence[SpectralEvidence], pooled: Spec
     tuple
         ``(sigma2 (M,), delta (M,), pooled (sigma2, delta))``.
     """
+    least = [min_points] * len(experts) if isinstance(min_points, int) else list(min_points)
     base = fit_marginal_likelihood([pooled])
     sigma2 = np.full(len(experts), base[0])
     delta = np.full(len(experts), base[1])
     if shared_noise:
-        chosen = [e for e in range(len(experts)) if points[e] >= min_points]
+        chosen = [e for e in range(len(experts)) if points[e] >= least[e]]
         if chosen:
             shared, deltas = fit_shared_noise([[experts[e]] for e in chosen], init=base)
             sigma2[:] = shared
             delta[chosen] = deltas
         return sigma2, delta, base
     for e, block in enumerate(experts):
-        if points[e] >= min_points and labels_seen[e] >= 2:
+        if points[e] >= least[e] and labels_seen[e] >= 2:
             sigma2[e], delta[e] = fit_marginal_likelihood([block], init=base)
     return sigma2, delta, base
 

@@ -111,6 +111,9 @@ class FunctionSpaceNTKGP:
             raise ValueError('the model must be in eval mode (call model.eval())')
         if max_system_size < 1:
             raise ValueError(f'max_system_size must be positive, got {max_system_size}')
+        if config.gating is Gating.SCALE:
+            raise ValueError('the function-space form has no scale gating: use '
+                             'LastLayerNTKGP for a multi-scale head')
         named = dict(model.named_parameters())
         if isinstance(parameters, str):
             subset = ParameterSubset(parameters)

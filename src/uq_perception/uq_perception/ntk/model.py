@@ -30,7 +30,10 @@ Mixture of experts
 Features are partitioned by hard gating into ``M`` experts: k-means centroids (inputs go
 to the nearest centroid), or one expert per class of the head (inputs go to the head's
 predicted class ``argmax(W phi + b)``, the same rule at fit, update and query time, so
-an expert models exactly the region routed to it, including the network's mistakes).
+an expert models exactly the region routed to it, including the network's mistakes),
+or one expert per scale of a multi-scale head (inputs go to the scale whose bias slot
+they set; :mod:`uq_perception.ntk.scale_gating`, which also gives each scale its own OOD
+threshold and score reference).
 Each expert ``m`` has its own ``A_m`` and hyperparameters ``(sigma_m^2, delta_m)`` (below).
 ``M = 1`` is the plain last-layer GP.
 
@@ -127,6 +130,7 @@ from uq_perception.ntk.config import (
     FORMAT_NAME,
     FORMAT_VERSION,
     PLAIN_FORMAT_VERSION,
+    SCALE_FORMAT_VERSION,
     Gating,
     NTKGPConfig,
     UncertaintyOutput,
@@ -144,6 +148,7 @@ from uq_perception.ntk.gating import kmeans, nearest_centroid
 from uq_perception.ntk.linalg import check_matrix, spd_inverse
 from uq_perception.ntk.persistence import read_state, write_state
 from uq_perception.ntk.predictive import antithetic_normal_draws, summarise_gaussian_logits
+from uq_perception.ntk.scale_gating import MIN_SCALE_VALIDATION, ScaleGating
 
 logger = logging.getLogger(__name__)
 
@@ -218,6 +223,9 @@ class LastLayerNTKGP:
         # Kernel features of a detector the product did not train (feature_transform.py);
         # None: the features as the detector gives them. Set before fit().
         self.feature_transform: FeatureTransform | None = None
+        # The scales of a multi-scale head and their calibration (scale_gating.py); needed by
+        # Gating.SCALE, None otherwise. Set before fit().
+        self.scale_gating: ScaleGating | None = None
         # Identifiers of the labels applied by update(), persisted with the state, so that a
         # label delivered twice (a retry after a lost answer) is applied once.
         self.applied_updates: list[str] = []
@@ -289,6 +297,7 @@ class LastLayerNTKGP:
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Pickles of states from before the feature transform existed have none.
         state.setdefault('feature_transform', None)
+        state.setdefault('scale_gating', None)
         self.__dict__.update(state)
         self._lock = threading.RLock()
 
@@ -340,6 +349,7 @@ class LastLayerNTKGP:
                                  'or call set_hyperparameters')
             if keep_gating and not self._fitted and self._needs_kmeans():
                 raise ValueError('keep_gating=True needs fitted centroids')
+            self._check_scale_gating()
             # A failed fit (bad chunk midway) must leave the previous posterior intact.
             backup = copy.deepcopy(self.__getstate__())
             try:
@@ -359,7 +369,34 @@ class LastLayerNTKGP:
             # variances; a new one voids them.
             self.box_calibration = None
             self.score_reference = None
+            if self.scale_gating is not None:
+                self.scale_gating = self.scale_gating.without_references()
             return self
+
+    def _check_scale_gating(self) -> None:
+        scales = self.scale_gating
+        if self.config.gating is not Gating.SCALE:
+            if scales is not None:
+                raise ValueError(f'scale_gating is set but the gating is '
+                                 f'{self.config.gating.value}')
+            return
+        if scales is None:
+            raise ValueError('scale gating needs the scales: set scale_gating before fit()')
+        if scales.num_scales != self.num_experts or scales.feature_dim > self.feature_dim:
+            raise ValueError(f'scale_gating has {scales.num_scales} scales reaching column '
+                             f'{scales.feature_dim - 1}; the GP has {self.num_experts} experts '
+                             f'and {self.feature_dim} features')
+
+    def _experts_of(self, kernel_x: np.ndarray, base_logits: np.ndarray) -> np.ndarray:
+        """``(N,)`` expert of each row, from its kernel features and the head's logits."""
+        if self.config.gating is Gating.CLASS:
+            return np.argmax(base_logits[:, :self.num_base_classes], axis=1)
+        if self.config.gating is Gating.SCALE:
+            # The transform leaves the bias slots as they are.
+            return self.scale_gating.scale_of(kernel_x)  # type: ignore[union-attr]
+        if self.num_experts == 1:
+            return np.zeros(len(kernel_x), dtype=np.int64)
+        return nearest_centroid(kernel_x, self._centroids, self._centroid_sq)
 
     def _needs_kmeans(self) -> bool:
         return self.config.gating is Gating.KMEANS and self.num_experts > 1
@@ -457,6 +494,8 @@ class LastLayerNTKGP:
                 y = torch.from_numpy(y_np.astype(np.int64))
             if self.config.gating is Gating.CLASS:
                 expert = base_logits.argmax(1)
+            elif self.config.gating is Gating.SCALE:
+                expert = torch.from_numpy(self._experts_of(x_np, base_logits.numpy()))
             elif m == 1:
                 expert = torch.zeros(n, dtype=torch.int64)
             else:
@@ -514,12 +553,14 @@ class LastLayerNTKGP:
                                           c - 1)
 
     def _fit_hyperparameters(self) -> None:
+        scales = self.scale_gating
         self._sigma2, self._delta, _ = fit_expert_hyperparameters(
             [self._evidence(g, h) for g, h in zip(self._gram, self._class_sums, strict=True)],
             self._evidence(self._gram.sum(0), self._class_sums.sum(0)),
             [int(round(g[-1, -1])) for g in self._gram],
             [int(np.count_nonzero(h[-1] > 0)) for h in self._class_sums],
-            self.feature_dim + 1, self.config.shared_noise)
+            scales.min_training_points() if scales is not None else self.feature_dim + 1,
+            self.config.shared_noise)
 
     def log_marginal_likelihood(self, expert: int = 0, sigma2: float | None = None,
                                 delta: float | None = None) -> float:
@@ -595,12 +636,7 @@ class LastLayerNTKGP:
         phi = np.empty((b, d + 1))
         phi[:, :d] = x
         phi[:, d] = 1.0
-        if self.config.gating is Gating.CLASS:
-            expert = np.argmax(base[:, :c_base], axis=1)
-        elif self.num_experts == 1:
-            expert = np.zeros(b, dtype=np.int64)
-        else:
-            expert = nearest_centroid(x, self._centroids, self._centroid_sq)
+        expert = self._experts_of(x, base)
         full = base
         if base.shape[1] < c_all:
             extra = np.einsum('bp,bkp->bk', phi, self._extra_weight[expert]) \
@@ -665,6 +701,17 @@ class LastLayerNTKGP:
             reference = self.score_reference
             score = None if reference is None else reference.score(score_signal(
                 reference.signal, mean, variance, total, mutual, probs))
+            scales = self.scale_gating
+            if scales is not None:
+                for s in range(scales.num_scales):
+                    rows = expert == s
+                    own_threshold, own_reference = scales.ood_thresholds[s], scales.references[s]
+                    if own_threshold is not None:
+                        ood[rows] = variance[rows] > own_threshold
+                    if own_reference is not None and score is not None and rows.any():
+                        score[rows] = own_reference.score(score_signal(
+                            own_reference.signal, mean[rows], variance[rows], total[rows],
+                            mutual[rows], probs[rows]))
             return UncertaintyOutput(mean, variance, class_variance, probs, total, expected,
                                      mutual, ood, expert.astype(np.int64), score)
 
@@ -674,13 +721,22 @@ class LastLayerNTKGP:
         """Set the OOD threshold to the ``ood_quantile`` of in-distribution GP variances.
 
         Inputs whose GP variance exceeds the threshold are flagged; by construction a
-        fraction ``1 - ood_quantile`` of the calibration set is.
+        fraction ``1 - ood_quantile`` of the calibration set is. With scale gating each
+        scale with at least :data:`MIN_SCALE_VALIDATION` rows also gets its own threshold
+        (:mod:`uq_perception.ntk.scale_gating`); the one returned is of all rows.
         """
         with self._lock:
-            variance = self._query(features)[1]
+            _, variance, expert = self._query(features)
             if variance.size == 0:
                 raise ValueError('calibrate_ood needs at least one feature row')
             self.ood_threshold = float(np.quantile(variance, self.config.ood_quantile))
+            scales = self.scale_gating
+            if scales is not None:
+                counts = np.bincount(expert, minlength=scales.num_scales)
+                self.scale_gating = scales.with_thresholds(
+                    [float(np.quantile(variance[expert == s], self.config.ood_quantile))
+                     if counts[s] >= MIN_SCALE_VALIDATION else None
+                     for s in range(scales.num_scales)], counts.tolist())
             return self.ood_threshold
 
     def calibrate_score(self, features: np.ndarray, split: str,
@@ -702,6 +758,10 @@ class LastLayerNTKGP:
             the GP variance, or a summary of the whole predictive ``N(logits, variance)``.
         logits : np.ndarray, optional
             The objects' network logits (default ``W phi + b``), for a predictive signal.
+
+        With scale gating each scale with at least :data:`MIN_SCALE_VALIDATION` rows also
+        gets its own reference (:mod:`uq_perception.ntk.scale_gating`); the one returned is
+        of all rows.
         """
         with self._lock:
             out = self.predict(features, logits)
@@ -710,6 +770,17 @@ class LastLayerNTKGP:
             self.score_reference = ScoreReference.from_variances(
                 values, split, self.model_id, levels, signal,
                 None if signal == 'gp_variance' else float(np.max(out.gp_variance)))
+            scales = self.scale_gating
+            if scales is not None:
+                counts = np.bincount(out.expert_id, minlength=scales.num_scales)
+                own = []
+                for s in range(scales.num_scales):
+                    rows = out.expert_id == s
+                    own.append(ScoreReference.from_variances(
+                        values[rows], f'{split} scale {s}', self.model_id, levels, signal,
+                        None if signal == 'gp_variance' else float(np.max(out.gp_variance[rows])))
+                        if counts[s] >= MIN_SCALE_VALIDATION else None)
+                self.scale_gating = scales.with_references(own, counts.tolist())
             return self.score_reference
 
     def calibrate_probabilities(self, features: np.ndarray, labels: np.ndarray,
@@ -799,12 +870,7 @@ class LastLayerNTKGP:
             base_logits = x @ self._weight.T + self._bias
             x = self._kernel_features(x[None])[0]
             phi = np.append(x, 1.0)
-            if self.config.gating is Gating.CLASS:
-                e = int(np.argmax(base_logits))
-            elif self.num_experts == 1:
-                e = 0
-            else:
-                e = int(nearest_centroid(x[None], self._centroids, self._centroid_sq)[0])
+            e = int(self._experts_of(x[None], base_logits[None])[0])
             cov = self._covariance[e]
             u = cov @ phi
             cov -= np.outer(u, u) / (self._sigma2[e] / weight + phi @ u)
@@ -842,6 +908,10 @@ class LastLayerNTKGP:
         """float32 ``centroids (M, D)`` and ``precision_inverse (M, D+1, D+1)`` tensors."""
         with self._lock:
             self._require_fitted()
+            if self.config.gating is Gating.SCALE:
+                raise ValueError('the in-graph GP query does not gate by scale: query this GP '
+                                 'on the host (the CUDA graph runs the shipped CenterNet, '
+                                 'whose GP has one scale)')
             if self.feature_transform is not None:
                 raise ValueError('the in-graph GP query does not apply a feature transform: '
                                  'query this GP on the host (the CUDA graph runs the shipped '
@@ -850,6 +920,11 @@ class LastLayerNTKGP:
                     'precision_inverse': torch.tensor(self._covariance, dtype=torch.float32)}
 
     # ------------------------------------------------------------------ persistence
+
+    def _format_version(self) -> int:
+        if self.scale_gating is not None:
+            return SCALE_FORMAT_VERSION
+        return FORMAT_VERSION if self._needs_version_3() else PLAIN_FORMAT_VERSION
 
     def _needs_version_3(self) -> bool:
         reference = self.score_reference
@@ -863,8 +938,7 @@ class LastLayerNTKGP:
             config = asdict(self.config)
             config['gating'] = self.config.gating.value
             meta = {
-                'format': FORMAT_NAME, 'version': FORMAT_VERSION if self._needs_version_3()
-                else PLAIN_FORMAT_VERSION,
+                'format': FORMAT_NAME, 'version': self._format_version(),
                 'feature_dim': self.feature_dim, 'class_names': self.class_names,
                 'num_base_classes': self.num_base_classes, 'model_id': self.model_id,
                 'config': config, 'ood_threshold': self.ood_threshold,
@@ -877,6 +951,10 @@ class LastLayerNTKGP:
                 'feature_transform': None if self.feature_transform is None
                 else self.feature_transform.to_meta(),
             }
+            # Written only when used: a reader that predates scale gating refuses the file
+            # (its version), and reads every other state as before.
+            if self.scale_gating is not None:
+                meta['scale_gating'] = self.scale_gating.to_meta()
             arrays = {
                 'weight': self._weight, 'bias': self._bias, 'centroids': self._centroids,
                 'gram': self._gram, 'class_sums': self._class_sums,
@@ -1000,7 +1078,8 @@ class LastLayerNTKGP:
         if missing:
             raise ValueError(f'missing arrays {missing}')
         m = int(arrays['sigma2'].shape[0]) if arrays['sigma2'].ndim == 1 else -1
-        if m < 1 or (config.gating is Gating.KMEANS and m != config.num_experts) or (
+        if m < 1 or (config.gating in (Gating.KMEANS, Gating.SCALE)
+                     and m != config.num_experts) or (
                 config.gating is Gating.CLASS and m != base):
             raise ValueError(f'{m} experts disagree with the configuration')
         # Every shape is checked before the model allocates its (M, D+1, D+1) state, so a
@@ -1043,6 +1122,16 @@ class LastLayerNTKGP:
                 raise ValueError('feature_transform without its means array')
             model.feature_transform = FeatureTransform.from_meta(
                 transform, arrays['feature_transform_means'], d)
+        scales = meta.get('scale_gating')
+        if scales is not None:
+            if meta['version'] < SCALE_FORMAT_VERSION:
+                raise ValueError(f'scale_gating in a version {meta["version"]} state')
+            model.scale_gating = ScaleGating.from_meta(scales, d)
+            for reference in model.scale_gating.references:
+                if reference is not None and reference.model_id != model.model_id:
+                    raise ValueError(f'a scale score reference belongs to model '
+                                     f'{reference.model_id!r}, the state to {model.model_id!r}')
+        model._check_scale_gating()
         model._refresh_gating_cache()
         model._refactor(range(m))
         model._fitted = True

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from uq_perception.detectors.contract import (
     check_rgb_image,
 )
 from uq_perception.detectors.onnx_feature_tap import (
+    NO_OBJECT_REFUSAL,
     FeatureTap,
     HeadLayout,
     ScoreActivation,
@@ -53,6 +54,7 @@ __all__ = ['BoxFormat', 'ChannelOrder', 'FeatureTap', 'HeadLayout', 'NmsMode',
 class ResizeMode(StrEnum):
     """How a camera frame becomes the network input."""
 
+    AUTO = 'auto'  # stretch for a model whose metadata names RT-DETR, else letterbox
     LETTERBOX = 'letterbox'  # keep the aspect ratio, pad the rest with pad_value
     STRETCH = 'stretch'  # resize to the input size, aspect ratio not kept
 
@@ -105,7 +107,10 @@ class OnnxAdapterConfig:
     input_size
         Network input ``(height, width)``; ``None``: the model's static input shape.
     resize, pad_value
-        :class:`ResizeMode` and the grey level (0-255) of letterbox padding.
+        :class:`ResizeMode` and the grey level (0-255) of letterbox padding. ``auto``
+        stretches an RT-DETR export, which Ultralytics and Hugging Face ``transformers``
+        preprocess by stretching, when the file's metadata names it
+        (:func:`metadata_resize`); every other model is letterboxed.
     channel_order
         :class:`ChannelOrder`.
     mean, std
@@ -129,7 +134,7 @@ class OnnxAdapterConfig:
     layout: HeadLayout = HeadLayout.AUTO
     class_nodes: tuple[str, ...] = ()
     input_size: tuple[int, int] | None = None
-    resize: ResizeMode = ResizeMode.LETTERBOX
+    resize: ResizeMode = ResizeMode.AUTO
     pad_value: int = 114
     channel_order: ChannelOrder = ChannelOrder.RGB
     mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
@@ -294,8 +299,9 @@ def file_digest(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def _metadata_class_names(proto: Any, count: int) -> list[str] | None:
-    """Class names from an Ultralytics-style ``names`` metadata entry (a dict literal)."""
+def _metadata_class_names(proto: Any) -> list[str] | None:
+    """Class names from an Ultralytics-style ``names`` metadata entry (a dict literal of
+    indices ``0 .. K-1`` to unique names)."""
     for entry in proto.metadata_props:
         if entry.key != 'names' or len(entry.value) > 1_000_000:
             continue
@@ -303,12 +309,29 @@ def _metadata_class_names(proto: Any, count: int) -> list[str] | None:
             names = ast.literal_eval(entry.value)
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             return None
-        if isinstance(names, dict) and sorted(names) == list(range(count)) and all(
+        count = len(names) if isinstance(names, dict) else 0
+        if count and sorted(names) == list(range(count)) and all(
                 isinstance(v, str) and v.strip() for v in names.values()) and \
                 len(set(names.values())) == count:
             return [names[i].strip() for i in range(count)]
         return None
     return None
+
+
+#: Metadata entries (as Ultralytics writes them) that can name the model's architecture.
+_ARCHITECTURE_KEYS = ('description', 'head', 'model', 'name')
+
+
+def metadata_resize(proto: Any) -> ResizeMode:
+    """How the model's own pipeline resizes a frame, from its metadata: ``stretch`` when an
+    entry of :data:`_ARCHITECTURE_KEYS` names RT-DETR (Ultralytics writes ``description``,
+    for example "Ultralytics RT-DETR-l model ..."), else ``letterbox``."""
+    for entry in proto.metadata_props:
+        if entry.key in _ARCHITECTURE_KEYS and len(entry.value) <= 10_000:
+            flat = entry.value.lower().replace('-', '').replace('_', '')
+            if 'rtdetr' in flat:
+                return ResizeMode.STRETCH
+    return ResizeMode.LETTERBOX
 
 
 def _static_input_size(shape: Sequence[Any]) -> tuple[int, int] | None:
@@ -355,6 +378,8 @@ class OnnxDetector(DetectorContract):
             raise ValueError(f'{path} is not a readable ONNX model ({type(exc).__name__}: '
                              f'{exc})') from exc
         self.path = path
+        if config.resize is ResizeMode.AUTO:
+            config = replace(config, resize=metadata_resize(proto))
         self.config = config
         base = OnnxRunner(path, provider, threads, cache_dir)
         if len(base.input_names) != 1:
@@ -384,8 +409,14 @@ class OnnxDetector(DetectorContract):
         self._outputs = [self.tap.box_output] + self.tap.tensors
         self._model_id = f'onnx-{file_digest(path)[:16]}'
         count = self.tap.head.num_classes
-        names = list(config.class_names) or _metadata_class_names(proto, count) \
-            or [f'class_{i}' for i in range(count)]
+        metadata_names = _metadata_class_names(proto) or []
+        # C names for C + 1 logits of a set-prediction head: the last logit is "no object".
+        stated = list(config.class_names) or metadata_names
+        if self.tap.layout is HeadLayout.DETR and len(stated) == count - 1:
+            raise ValueError(f'{path}: {len(stated)} class names for {count} logits: '
+                             f'{NO_OBJECT_REFUSAL}')
+        names = list(config.class_names) or (metadata_names if len(metadata_names) == count
+                                             else None) or [f'class_{i}' for i in range(count)]
         if len(names) != count:
             raise ValueError(f'class_names has {len(names)} names, the model has {count} '
                              'classes')
@@ -395,14 +426,17 @@ class OnnxDetector(DetectorContract):
             activation = ScoreActivation.SOFTMAX if self.tap.output_activation == 'softmax' \
                 else ScoreActivation.SIGMOID
         self.score_activation = activation
+        reduced = self.tap.kept_index is not None
         box_format = config.box_format
         if box_format is BoxFormat.AUTO:
-            box_format = BoxFormat.CXCYWH if self.tap.layout is HeadLayout.YOLO \
-                else BoxFormat.CXCYWH_NORMALIZED
+            # An end-to-end YOLO export writes its kept boxes as x1, y1, x2, y2 pixels.
+            box_format = (BoxFormat.XYXY if reduced else BoxFormat.CXCYWH) \
+                if self.tap.layout is HeadLayout.YOLO else BoxFormat.CXCYWH_NORMALIZED
         self.box_format = box_format
         nms = config.nms
         if nms is NmsMode.AUTO:
-            nms = NmsMode.CLASS if self.tap.layout is HeadLayout.YOLO else NmsMode.NONE
+            nms = NmsMode.CLASS if self.tap.layout is HeadLayout.YOLO and not reduced \
+                else NmsMode.NONE
         self.nms = nms
         # The tap must give the head's own logits: checked once here on the probe image.
         values = self._runner.run({self._input_name: probe}, self._outputs)
@@ -479,7 +513,7 @@ class OnnxDetector(DetectorContract):
 
     def _raw_boxes(self, values: dict[str, np.ndarray]) -> np.ndarray:
         out = np.asarray(values[self.tap.box_output])
-        if self.tap.layout is HeadLayout.YOLO:
+        if self.tap.layout is HeadLayout.YOLO and self.tap.kept_index is None:
             return out[0, :4, :].T
         return out[0, :, :4]
 
@@ -511,7 +545,27 @@ class OnnxDetector(DetectorContract):
             feature_rows = np.concatenate(blocks)
         else:
             feature_rows = np.concatenate(features)
+        if self.tap.kept_index is not None:
+            return self._kept_rows(values, feature_rows, np.concatenate(logits))
         return feature_rows, np.concatenate(logits), self._raw_boxes(values)
+
+    def _kept_rows(self, values: dict[str, np.ndarray], features: np.ndarray,
+                   logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The candidates of an output reduced by TopK selection (onnx_feature_tap): row
+        ``k`` is anchor ``index_k // C`` (of the first stage's kept anchors, with two); an
+        anchor kept with several classes once, at its first row."""
+        index = np.asarray(values[str(self.tap.kept_index)]).reshape(-1).astype(np.int64)
+        query = index // self.tap.head.num_classes
+        if self.tap.kept_anchors is not None:
+            anchors = np.asarray(values[self.tap.kept_anchors]).reshape(-1).astype(np.int64)
+            if query.size and not (0 <= query.min() and query.max() < len(anchors)):
+                raise ValueError(f'the kept rows name anchors outside 0..{len(anchors) - 1}')
+            query = anchors[query]
+        first = np.sort(np.unique(query, return_index=True)[1])
+        picked = query[first]
+        if picked.size and not (0 <= picked.min() and picked.max() < len(features)):
+            raise ValueError(f'the kept rows name queries outside 0..{len(features) - 1}')
+        return features[picked], logits[picked], self._raw_boxes(values)[first]
 
     def _decode(self, values: dict[str, np.ndarray], transform: InputTransform,
                 image_size: tuple[int, int], score_threshold: float,

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from uq_perception.detectors.centernet import CenterNetDetector
     from uq_perception.detectors.contract import LinearHead
     from uq_perception.ntk import LastLayerNTKGP
-    from uq_perception.ntk.feature_transform import FeatureTransform
+    from uq_perception.ntk.feature_transform import FeatureBlock, FeatureTransform
     from uq_perception.training.detector_data import CocoTrainingData, DetectionSplit, Targets
 
 # Validation NLLs closer than this count as equal; the gating with fewer experts wins.
@@ -429,7 +429,8 @@ def fit_gp(head: LinearHead, class_names: Sequence[str], model_id: str,
            candidates: tuple[tuple[str, int], ...] = (('kmeans', 1), ('kmeans', 4),
                                                       ('class', 0)),
            seed: int = 0, log: Any = _log, reference_split: str = 'val',
-           feature_transform: FeatureTransform | None = None
+           feature_transform: FeatureTransform | None = None,
+           scale_blocks: Sequence[FeatureBlock] = ()
            ) -> tuple[LastLayerNTKGP, list[GPCandidate]]:
     """Fit the last-layer NTK-GP and choose its gating on validation data.
 
@@ -453,11 +454,16 @@ def fit_gp(head: LinearHead, class_names: Sequence[str], model_id: str,
     train_features, train_labels, val_features, val_labels : np.ndarray
         ``(N, D)`` features and ``(N,)`` class indices of known objects.
     candidates : tuple[tuple[str, int], ...]
-        ``(gating, num_experts)`` pairs; class gating uses one expert per class (pass 0).
+        ``(gating, num_experts)`` pairs; class and scale gating use one expert per class
+        or scale (pass 0).
     reference_split : str
         Name of the validation data, recorded as the score reference's provenance.
     feature_transform : FeatureTransform, optional
         The kernel's feature transform (fitted on ``train_features``), stored in the GP.
+    scale_blocks : Sequence[FeatureBlock]
+        The scales of a multi-scale head, for scale gating (each scale its own noise,
+        prior precision, OOD threshold and score reference:
+        :mod:`uq_perception.ntk.scale_gating`).
 
     Raises
     ------
@@ -465,6 +471,7 @@ def fit_gp(head: LinearHead, class_names: Sequence[str], model_id: str,
         With too few validation objects.
     """
     from uq_perception.ntk import Gating, LastLayerNTKGP, NTKGPConfig
+    from uq_perception.ntk.scale_gating import ScaleGating
     from uq_perception.training.metrics import nll
 
     if len(val_labels) < 4:
@@ -478,18 +485,22 @@ def fit_gp(head: LinearHead, class_names: Sequence[str], model_id: str,
 
     def build(gating: str, experts: int) -> LastLayerNTKGP:
         mode = Gating(gating)
-        config = NTKGPConfig(num_experts=len(names) if mode is Gating.CLASS
-                             else experts, gating=mode, seed=seed)
+        count = {Gating.CLASS: len(names), Gating.SCALE: len(scale_blocks)}.get(mode, experts)
+        # Scales differ in their feature statistics, so each has its own noise too.
+        config = NTKGPConfig(num_experts=count, gating=mode, seed=seed,
+                             shared_noise=mode is not Gating.SCALE)
         gp = LastLayerNTKGP(weight, bias, config=config, class_names=names,
                             model_id=model_id)
         gp.feature_transform = feature_transform
+        if mode is Gating.SCALE:
+            gp.scale_gating = ScaleGating(tuple(scale_blocks))
         return gp.fit(train_features, train_labels)
 
     if not candidates:
         raise ValueError('need at least one GP gating candidate')
     # k-means needs a training object per expert; fewer objects leave such a gating out.
     usable = [(g, e) for g, e in candidates
-              if Gating(g) is Gating.CLASS or e <= len(train_labels)]
+              if Gating(g) in (Gating.CLASS, Gating.SCALE) or e <= len(train_labels)]
     if not usable:
         raise ValueError(f'{len(train_labels)} training objects are too few for any GP gating '
                          f'of {list(candidates)}')
