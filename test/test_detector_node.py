@@ -40,7 +40,7 @@ from sensor_msgs.msg import CameraInfo, Image
 from uq_common.image_codec import rgb_to_image_fields
 from uq_msgs.msg import DetectionArray
 from uq_msgs.srv import TeachObject
-from uq_perception.detector_node import DetectorNode
+from uq_perception.detector_node import FRAME_STAGES, DetectorNode
 from uq_perception.detectors.centernet import CenterNetDetector, save_detector
 from uq_perception.duplicate_suppression import DuplicateSuppression
 from uq_perception.ntk import LastLayerNTKGP
@@ -252,10 +252,12 @@ def test_rendered_frame_in_detection_array_out_with_image_stamp(harness):
         values = {kv.key: float(kv.value) for d in harness.diagnostics[-1:]
                   for s in d.status for kv in s.values if kv.key.endswith('_p50_ms')}
         return set(values) == {'latency_p50_ms', 'transport_p50_ms', 'dispatch_p50_ms',
-                               'forward_p50_ms', 'overhead_p50_ms'} \
+                               'forward_p50_ms', 'overhead_p50_ms',
+                               *(f'stage_{name}_p50_ms' for name in FRAME_STAGES)} \
             and all(v >= 0.0 for v in values.values()) \
             and 0 < values['forward_p50_ms'] < values['latency_p50_ms'] \
-            and values['overhead_p50_ms'] < values['latency_p50_ms']
+            and values['overhead_p50_ms'] < values['latency_p50_ms'] \
+            and 0 < values['stage_forward_p50_ms'] <= values['forward_p50_ms']
 
     # Node latency, DDS transport, executor dispatch, and the latency split into the
     # backend call and the rest (each frame's parts are below its latency): all measured.

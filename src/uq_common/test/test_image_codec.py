@@ -3,7 +3,12 @@
 import numpy as np
 import pytest
 
-from uq_common.image_codec import ImageFormatError, image_to_rgb, rgb_to_image_fields
+from uq_common.image_codec import (
+    ImageFormatError,
+    image_to_rgb,
+    parse_image_cdr,
+    rgb_to_image_fields,
+)
 
 RNG = np.random.default_rng(0)
 RGB = RNG.integers(0, 256, size=(5, 7, 3), dtype=np.uint8)
@@ -86,3 +91,57 @@ def test_round_trip_through_message_fields():
 def test_rgb_to_fields_rejects_wrong_arrays():
     with pytest.raises(ValueError, match=r'expected an \(H, W, 3\) uint8 array'):
         rgb_to_image_fields(RGB.astype(np.float32))
+
+
+def test_an_unpadded_rgb8_frame_can_be_a_view_of_its_buffer():
+    fields = _fields(RGB, 'rgb8')
+    view = image_to_rgb(**fields, copy=False)
+    np.testing.assert_array_equal(view, RGB)
+    assert np.shares_memory(view, np.frombuffer(fields['data'], np.uint8))
+    # Anything that needs converting is a new array all the same.
+    for encoding, pixels, pad in (('bgr8', RGB[:, :, ::-1], 0), ('rgb8', RGB, 3)):
+        other = _fields(np.ascontiguousarray(pixels), encoding, pad)
+        out = image_to_rgb(**other, copy=False)
+        np.testing.assert_array_equal(out, RGB)
+        assert not np.shares_memory(out, np.frombuffer(other['data'], np.uint8))
+
+
+def _serialized_image(frame_id: str, encoding: str, pixels: np.ndarray, pad: int = 0,
+                      stamp: tuple[int, int] = (-3, 999_999_999)) -> tuple[bytes, dict]:
+    """A sensor_msgs/Image serialised by rclpy (the middleware's own CDR) and its fields."""
+    from rclpy.serialization import serialize_message
+    from sensor_msgs.msg import Image
+
+    fields = _fields(pixels, encoding, pad, bigendian=True)
+    msg = Image(**fields)
+    msg.header.frame_id = frame_id
+    msg.header.stamp.sec, msg.header.stamp.nanosec = stamp
+    return serialize_message(msg), fields
+
+
+@pytest.mark.parametrize('frame_id', ['', 'c', 'cam', 'camera_optical_frame', 'kamera_é'])
+@pytest.mark.parametrize('encoding,pixels,pad', [
+    ('rgb8', RGB, 0), ('rgb8', RGB, 1), ('mono8', RGB[:, :, 0], 2),
+    ('32FC1', RNG.random((3, 4), dtype=np.float32), 0)])
+def test_a_serialised_image_is_read_with_its_pixels_in_place(frame_id, encoding, pixels, pad):
+    serialized, fields = _serialized_image(frame_id, encoding, pixels, pad)
+    parsed = parse_image_cdr(serialized)
+    assert parsed is not None
+    assert (parsed.stamp_sec, parsed.stamp_nanosec, parsed.frame_id) == (-3, 999_999_999,
+                                                                         frame_id)
+    assert (parsed.height, parsed.width, parsed.encoding, parsed.is_bigendian, parsed.step) \
+        == (fields['height'], fields['width'], encoding, True, fields['step'])
+    assert bytes(parsed.data) == fields['data']
+    assert np.shares_memory(np.frombuffer(parsed.data, np.uint8),
+                            np.frombuffer(serialized, np.uint8))
+
+
+def test_a_malformed_serialised_image_is_refused_and_another_encapsulation_left_alone():
+    serialized, _ = _serialized_image('cam', 'rgb8', RGB)
+    for cut in (2 + 2, 20, len(serialized) - 1 - 3):
+        with pytest.raises(ImageFormatError, match='serialised image'):
+            parse_image_cdr(serialized[:cut])
+    with pytest.raises(ImageFormatError, match='after its data'):
+        parse_image_cdr(serialized + bytes(8))
+    # XCDR2 (encapsulation 0x0007): not plain CDR, for the middleware's own reader.
+    assert parse_image_cdr(b'\x00\x07' + serialized[2:]) is None

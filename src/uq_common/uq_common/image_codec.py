@@ -5,10 +5,15 @@ garbage on a malformed frame, so every field is checked before the buffer is
 reinterpreted: encoding, ``step`` against ``width`` times the pixel size, buffer length
 against ``height * step``, empty and oversized frames, and non-finite values in float
 images. Each violation raises :class:`ImageFormatError` whose message names it.
+
+:func:`parse_image_cdr` reads a serialised ``sensor_msgs/Image`` (as a subscription takes
+it raw) with the pixel data left in place: rclpy's own conversion copies the pixels into a
+Python array element by element, which costs milliseconds per megabyte.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from enum import Enum
 
@@ -63,7 +68,8 @@ class ImageFormatError(ValueError):
 
 
 def image_to_rgb(height: int, width: int, encoding: str, step: int, data: bytes | memoryview,
-                 is_bigendian: bool = False, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
+                 is_bigendian: bool = False, max_pixels: int = MAX_IMAGE_PIXELS,
+                 copy: bool = True) -> np.ndarray:
     """Interpret the fields of a ``sensor_msgs/Image`` as an ``(H, W, 3)`` uint8 RGB array.
 
     Parameters
@@ -74,12 +80,16 @@ def image_to_rgb(height: int, width: int, encoding: str, step: int, data: bytes 
     max_pixels
         Frames larger than this are rejected before any copy is made (a corrupt header
         must not make the node allocate gigabytes).
+    copy
+        False: an unpadded ``rgb8`` frame comes back as a view of ``data`` (read-only when
+        ``data`` is), the copy a camera-sized frame costs saved; every other frame is
+        converted into a new array all the same.
 
     Returns
     -------
     np.ndarray
-        A new contiguous ``(height, width, 3)`` uint8 array. Float images are scaled from
-        ``[0, 1]`` to ``[0, 255]`` (clipped).
+        A contiguous ``(height, width, 3)`` uint8 array, new unless ``copy`` is False.
+        Float images are scaled from ``[0, 1]`` to ``[0, 255]`` (clipped).
 
     Raises
     ------
@@ -117,7 +127,7 @@ def image_to_rgb(height: int, width: int, encoding: str, step: int, data: bytes 
         pixels = np.clip(pixels.astype(np.float32) * 255.0 + 0.5, 0, 255).astype(np.uint8)
     if layout.to_rgb is None:
         return np.array(np.broadcast_to(pixels, (height, width, 3)), order='C')
-    return np.array(pixels[:, :, layout.to_rgb], order='C')
+    return np.array(pixels[:, :, layout.to_rgb], order='C', copy=copy or None)
 
 
 def rgb_to_image_fields(rgb: np.ndarray) -> dict:
@@ -127,3 +137,94 @@ def rgb_to_image_fields(rgb: np.ndarray) -> dict:
     height, width = rgb.shape[:2]
     return {'height': height, 'width': width, 'encoding': Encoding.RGB8.value,
             'is_bigendian': 0, 'step': width * 3, 'data': np.ascontiguousarray(rgb).tobytes()}
+
+
+@dataclass(frozen=True)
+class ImageFields:
+    """The fields of a serialised ``sensor_msgs/Image``; ``data`` is a view of the buffer."""
+
+    stamp_sec: int
+    stamp_nanosec: int
+    frame_id: str
+    height: int
+    width: int
+    encoding: str
+    is_bigendian: bool
+    step: int
+    data: memoryview
+
+
+# CDR encapsulation identifiers (OMG DDS-XTypes, 7.6.3.1.2): plain CDR, big and little
+# endian; the ROS 2 middlewares serialise ROS messages in it.
+_PLAIN_CDR = {b'\x00\x00': '>', b'\x00\x01': '<'}
+
+
+class _CdrReader:
+    """Reads plain CDR primitives: each aligned to its size from the start of the payload
+    (after the 4-byte encapsulation header)."""
+
+    def __init__(self, buffer: memoryview, order: str) -> None:
+        self.buffer, self.order, self.offset = buffer, order, 4
+
+    def _take(self, size: int) -> int:
+        start = 4 + -(-(self.offset - 4) // size) * size if size > 1 else self.offset
+        self.offset = start + size
+        if self.offset > len(self.buffer):
+            raise ImageFormatError(f'serialised image ends at byte {len(self.buffer)}, '
+                                   f'a field needs byte {self.offset}')
+        return start
+
+    def uint32(self, signed: bool = False) -> int:
+        start = self._take(4)
+        return struct.unpack_from(self.order + ('i' if signed else 'I'), self.buffer, start)[0]
+
+    def uint8(self) -> int:
+        return self.buffer[self._take(1)]
+
+    def bytes(self, count: int) -> memoryview:
+        start = self.offset
+        self.offset += count
+        if self.offset > len(self.buffer):
+            raise ImageFormatError(f'serialised image has {len(self.buffer) - start} bytes '
+                                   f'left for a field of {count}')
+        return self.buffer[start:self.offset]
+
+    def string(self) -> str:
+        length = self.uint32()
+        if length == 0:
+            return ''
+        raw = self.bytes(length)
+        if raw[-1] != 0:
+            raise ImageFormatError('serialised image has a string without its terminating NUL')
+        return bytes(raw[:-1]).decode('utf-8', errors='replace')
+
+
+def parse_image_cdr(buffer: bytes | memoryview) -> ImageFields | None:
+    """The fields of a ``sensor_msgs/Image`` serialised in plain CDR, the pixel data a view of
+    ``buffer`` (no copy); ``None`` for another encapsulation (the caller deserialises it
+    with the middleware's own conversion then).
+
+    Raises
+    ------
+    ImageFormatError
+        If the buffer is cut short, a string lacks its terminator, or bytes follow the
+        data (alignment padding aside).
+    """
+    view = memoryview(buffer).cast('B')
+    order = _PLAIN_CDR.get(bytes(view[:2]))
+    if order is None:
+        return None
+    reader = _CdrReader(view, order)
+    sec, nanosec = reader.uint32(signed=True), reader.uint32()
+    frame_id = reader.string()
+    height, width = reader.uint32(), reader.uint32()
+    encoding = reader.string()
+    is_bigendian = bool(reader.uint8())
+    step = reader.uint32()
+    data = reader.bytes(reader.uint32())
+    # A serialiser pads the payload to a multiple of 4 bytes; more than that is not an Image.
+    if len(view) - reader.offset > 3:
+        raise ImageFormatError(f'serialised image has {len(view) - reader.offset} bytes after '
+                               'its data')
+    return ImageFields(sec, nanosec, frame_id, height, width, encoding, is_bigendian, step,
+                       data)

@@ -22,6 +22,7 @@ from uq_eval.benchmarks.node import (
     node_namespace,
     turn_order,
 )
+from uq_perception.detector_node import FRAME_STAGES
 from uq_perception.runtime.backends import BackendKind
 
 DOMAIN_ID = 100 + (zlib.crc32(b'test_node_benchmark') + os.getpid()) % 100
@@ -102,6 +103,10 @@ def test_pytorch_cpu_beside_onnxruntime_in_one_run():
         assert result['image_size'] == '96x72' and result['onnx_threads'] == 1
         assert result['latency_p99_ms'] >= result['latency_p50_ms'] > 0
         assert result['node_forward_p50_ms'] > 0
+        # Every stage of a frame timed in the node, in order.
+        assert list(result['node_stages']) == list(FRAME_STAGES)
+        for name, stage in result['node_stages'].items():
+            assert 0.0 <= stage['p50_ms'] <= stage['p99_ms'], (name, stage)
     assert ort['device'].startswith('onnxruntime cpu') and cpu['device'] == 'cpu'
     assert comparison['comparison'] is True and comparison['reference_backend'] == 'pytorch-cpu'
     assert comparison['rounds'] == rounds and comparison['image_size'] == '96x72'

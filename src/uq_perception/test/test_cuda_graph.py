@@ -1,7 +1,8 @@
 """The CUDA path (uq_perception.runtime.cuda_graph): its building blocks are plain torch and are
 tested here on the CPU (preprocessing against OpenCV, the GP buffers and their in-place
-refresh, the captured sequence and its decode against the eager backend); the backend
-itself, its graphs and their fallback run only where CUDA exists."""
+refresh, the captured sequence and its decode against the eager backend, and the pipeline
+reading the in-graph GP variance from the backend's program run eagerly on the CPU); the
+graphs and their fallback run only where CUDA exists."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 from uq_perception.detectors.centernet import CenterNetDetector
 from uq_perception.detectors.contract import LinearHead
 from uq_perception.ntk import Gating, LastLayerNTKGP, NTKGPConfig
+from uq_perception.perception import UncertaintyPerception
 from uq_perception.runtime.backends import (
     BackendKind,
     BackendUnavailableError,
@@ -47,10 +49,10 @@ def model() -> CenterNetDetector:
 
 
 def _fitted_gp(model: CenterNetDetector, gating: Gating = Gating.KMEANS,
-               experts: int = 3) -> LastLayerNTKGP:
+               experts: int = 3, seed: int = 0) -> LastLayerNTKGP:
     # One blob per class and a fifth of the labels drawn at random: without label noise
     # each expert's data would be separable and its noise variance fit to zero.
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     centres = rng.standard_normal((model.num_classes, model.embedding_dim)) * 3.0
     labels = rng.integers(0, model.num_classes, 300)
     features = centres[labels] + rng.standard_normal((300, model.embedding_dim))
@@ -192,6 +194,61 @@ def test_the_captured_sequence_decodes_to_the_eager_backends_detections(model, g
         np.testing.assert_allclose(decoded.gp_variance,
                                    gp.gp_variance(expected.embeddings), rtol=1e-4)
         assert decoded.expert_id.dtype == np.int64
+
+
+# The uncertainty fields the GP gives each detection, all compared to 1e-6.
+UNCERTAINTY_FIELDS = ('logits', 'gp_variance', 'class_variance', 'probabilities',
+                      'predictive_entropy', 'expected_entropy', 'mutual_information',
+                      'out_of_distribution', 'expert_id')
+
+
+def _assert_same_uncertainty(found, expected) -> None:
+    for name in UNCERTAINTY_FIELDS:
+        np.testing.assert_allclose(getattr(found, name), getattr(expected, name), rtol=1e-6,
+                                   atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize('gating', [Gating.KMEANS, Gating.CLASS])
+@pytest.mark.parametrize('gpu_preprocess', [False, True])
+def test_the_pipeline_reads_the_in_graph_variance_equal_to_the_host_query(model, gating,
+                                                                          gpu_preprocess):
+    gp = _fitted_gp(model, gating)
+    gp.calibrate_ood(np.random.default_rng(2).standard_normal((50, model.embedding_dim)))
+    # The graph backend's own program, run eagerly on the CPU: the sequence a graph replays.
+    backend = CudaGraphBackend(model, CudaOptions(cuda_graph=True, gpu_preprocess=gpu_preprocess),
+                               gp, device=torch.device('cpu'))
+    pipeline = UncertaintyPerception(backend, gp, score_threshold=0.0, max_detections=8)
+    for seed in range(3):
+        image = _frame(96, 144, seed=seed)
+        result = pipeline.process(image)
+        assert len(result) > 0 and backend.device_gp_output() is not None
+        assert backend.runner.graph_for(image.shape if gpu_preprocess
+                                        else (1, 3, *INPUT_SIZE)) is None
+        _assert_same_uncertainty(result.uncertainty, gp.predict(result.detections.embeddings))
+
+
+def test_the_pipeline_takes_the_variance_from_the_backend_not_from_a_host_query(model):
+    # The backend's program holds another GP's matrices (same shapes): the variance the
+    # pipeline reports is that GP's, so it came from the backend, not from querying its own.
+    gp, other = _fitted_gp(model), _fitted_gp(model, seed=5)
+    backend = CudaGraphBackend(model, CudaOptions(cuda_graph=True), other,
+                               device=torch.device('cpu'))
+    result = UncertaintyPerception(backend, gp, 0.0, 8, duplicates=None).process(_frame(64, 96))
+    embeddings = result.detections.embeddings
+    np.testing.assert_allclose(result.uncertainty.gp_variance, other.gp_variance(embeddings),
+                               rtol=1e-6)
+    assert not np.allclose(result.uncertainty.gp_variance, gp.gp_variance(embeddings),
+                           rtol=1e-3)
+
+
+def test_a_gp_output_of_the_wrong_shape_or_range_is_refused(model):
+    gp = _fitted_gp(model)
+    features = np.zeros((2, model.embedding_dim))
+    for bad, message in (((np.ones(3), np.zeros(3, np.int64)), 'must hold'),
+                         ((np.array([1.0, np.nan]), np.zeros(2, np.int64)), 'finite'),
+                         ((np.ones(2), np.array([0, gp.num_experts])), 'experts')):
+        with pytest.raises(ValueError, match=message):
+            gp.predict(features, gp_output=bad)
 
 
 def test_without_a_gp_the_sequence_packs_the_candidates_only(model):

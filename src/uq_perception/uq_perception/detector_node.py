@@ -35,7 +35,8 @@ Topics (relative names, remap as usual):
   DetectionArray published), its parts before the callback (DDS transport, dispatch),
   the backend call's p50 (``forward_p50_ms``) and each frame's latency less its backend
   call (``overhead_p50_ms``, ``overhead_p99_ms``: what the node adds to the network);
-  frames processed, dropped and rejected, inference errors, backend, device, model id,
+  the p50 and p99 of each stage of :data:`FRAME_STAGES` (``stage_<name>_p50_ms``); frames
+  processed, dropped and rejected, inference errors, backend, device, model id,
   the learnt state: where labels are saved (``learnt_state``), where the GP running came
   from at configure (``learnt_state_source``: the learnt state file and its number of
   labels, or the shipped GP) and the labels applied (``labels_learnt``); the calibrated
@@ -62,6 +63,7 @@ rclpy's executors.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -83,13 +85,17 @@ from rclpy.qos import (
     ReliabilityPolicy,
     qos_profile_sensor_data,
 )
+from rclpy.serialization import deserialize_message
 from sensor_msgs.msg import CameraInfo, Image
+from std_msgs.msg import Header
 from visualization_msgs.msg import MarkerArray
 
 from uq_common.image_codec import (
     MAX_IMAGE_PIXELS,
+    ImageFields,
     ImageFormatError,
     image_to_rgb,
+    parse_image_cdr,
     rgb_to_image_fields,
 )
 from uq_common.node_main import node_argument_parser, run_node
@@ -124,6 +130,13 @@ from uq_perception.runtime.onnx_adapter import (
 from uq_perception.runtime.onnx_runtime import MAX_THREADS, ExecutionProvider
 
 NODE_NAME = 'detector_node'
+#: The stages of a frame, timed in the node, in order (diagnostics ``stage_<name>_p50_ms`` and
+#: ``_p99_ms``): DDS from the publisher's source stamp to this node taking the image;
+#: taking and converting it to RGB; resizing and normalising it; the network (and its
+#: decode); the GP's summaries and box deviations; duplicate suppression and tracking;
+#: building the DetectionArray; publishing it.
+FRAME_STAGES = ('transport', 'receive_convert', 'resize_normalise', 'forward', 'gp',
+                'duplicates_tracking', 'message', 'publish')
 _INPUT_SIZE_RULE = 'onnx_input_width and onnx_input_height: both 0 or both set'
 _CUDA_RULE = 'true or fp16 only with backend pytorch-cuda'
 
@@ -287,6 +300,25 @@ _IMAGE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
                         durability=DurabilityPolicy.VOLATILE)
 
 
+def image_fields(serialized: bytes) -> ImageFields:
+    """The fields of a serialised ``sensor_msgs/Image``, its pixels a view of ``serialized``;
+    read by :func:`parse_image_cdr`, or by rclpy where the middleware used another
+    encapsulation than plain CDR.
+
+    Raises
+    ------
+    ImageFormatError
+        If the plain CDR is malformed.
+    """
+    fields = parse_image_cdr(serialized)
+    if fields is not None:
+        return fields
+    msg = deserialize_message(serialized, Image)
+    return ImageFields(msg.header.stamp.sec, msg.header.stamp.nanosec, msg.header.frame_id,
+                       msg.height, msg.width, msg.encoding, bool(msg.is_bigendian), msg.step,
+                       memoryview(msg.data))
+
+
 def _duplicates(params: dict[str, Any]) -> DuplicateSuppression | None:
     """The duplicate suppression the parameters ask for (``None``: off)."""
     if not params['suppress_duplicates']:
@@ -305,7 +337,9 @@ class ImageInputThread:
     the thread waits on the subscription alone and takes each message itself, with
     rclpy's wait-set primitive (the one ``rclpy.wait_for_message`` is built on): an
     executor rebuilds and scans its whole wait set in Python for every message, which
-    costs more than the message itself (docs/performance.md).
+    costs more than the message itself (docs/performance.md). Each image is taken
+    serialised, as DDS delivered it: :func:`image_fields` reads it without rclpy's copy of
+    the pixels into a Python array.
 
     Parameters
     ----------
@@ -314,11 +348,12 @@ class ImageInputThread:
     topic
         Image topic name, relative to the owner.
     callback
-        Called with each ``Image`` and its message info, on this object's thread.
+        Called on this object's thread with each serialised ``Image``, its message info and
+        the system time (ns) just before it was taken.
     """
 
     def __init__(self, owner: Node, topic: str,
-                 callback: Callable[[Image, dict], None]) -> None:
+                 callback: Callable[[bytes, dict, int], None]) -> None:
         self._context = owner.context
         self._callback = callback
         self._node = rclpy.create_node(
@@ -353,9 +388,10 @@ class ImageInputThread:
                 wait_set.wait(-1)
                 if subscription.pointer not in wait_set.get_ready_entities('subscription'):
                     continue
-                taken = subscription.take_message(Image, False)
+                taken_ns = time.time_ns()
+                taken = subscription.take_message(Image, True)
                 if taken is not None:
-                    self._callback(*taken)
+                    self._callback(*taken, taken_ns)
         except Exception:
             if self._context.ok():
                 raise
@@ -385,6 +421,8 @@ class DetectorNode(LifecycleNode):
         self._device = ''
         self._outputs: dict[str, Any] = {}
         self._detection_builder = DetectionArrayBuilder()
+        # The outputs' header, set from each image's before its messages are built.
+        self._header = Header()
         self._vision_msgs = self._params['publish_vision_msgs'] and not VISION_MSGS_MISSING
         self._detection_2d_builder = Detection2DArrayBuilder() if self._vision_msgs else None
         if not self._params['publish_vision_msgs']:
@@ -608,7 +646,7 @@ class DetectorNode(LifecycleNode):
         # there is no size to check against.
         self._camera_info_size = (msg.height, msg.width) if msg.height and msg.width else None
 
-    def _check_size(self, msg: Image) -> None:
+    def _check_size(self, msg: ImageFields) -> None:
         expected = self._camera_info_size
         if expected is None or (msg.height, msg.width) == expected:
             return
@@ -620,12 +658,13 @@ class DetectorNode(LifecycleNode):
         # log only now and then.
         self.get_logger().warning(self._size_mismatch, throttle_duration_sec=10.0)
 
-    def _on_image(self, msg: Image, info: dict) -> None:
+    def _on_image(self, serialized: bytes, info: dict, taken_ns: int) -> None:
         arrival, callback_start_ns = time.monotonic(), time.time_ns()
         # A frame's latency runs from its DDS reception stamp (system clock), so it includes
         # waiting to be taken; from the callback's start when the stamp is missing.
         try:
-            self._process(msg, info.get('received_timestamp') or callback_start_ns)
+            self._process(serialized, info.get('received_timestamp') or callback_start_ns,
+                          taken_ns)
         except Exception as exc:
             if not self.context.ok():
                 return  # shut down (Ctrl-C) during this frame: its answer cannot go out
@@ -637,18 +676,21 @@ class DetectorNode(LifecycleNode):
         self._stats.record_arrival(arrival)
         self._last_arrival = arrival
         self._count_dropped(info.get('publication_sequence_number'))
-        self._record_delivery(info, callback_start_ns)
+        self._record_delivery(info, callback_start_ns, taken_ns)
 
-    def _process(self, msg: Image, received_ns: int) -> None:
+    def _process(self, serialized: bytes, received_ns: int, taken_ns: int) -> None:
         try:
+            msg = image_fields(serialized)
+            # A view of the taken buffer, not a copy: nothing writes to it.
             rgb = image_to_rgb(msg.height, msg.width, msg.encoding, msg.step, msg.data,
-                               bool(msg.is_bigendian), self._params['max_image_pixels'])
+                               msg.is_bigendian, self._params['max_image_pixels'], copy=False)
         except ImageFormatError as exc:
             self._stats.increment('rejected')
             self._last_problem = f'rejected frame: {exc}'
             self.get_logger().warning(self._last_problem, throttle_duration_sec=1.0)
             return
         self._check_size(msg)
+        converted_ns = time.time_ns()
         try:
             frame = self._perception.process(rgb)
         except (ValueError, RuntimeError) as exc:
@@ -656,31 +698,50 @@ class DetectorNode(LifecycleNode):
             self._last_problem = f'inference failed: {exc}'
             self.get_logger().error(self._last_problem, throttle_duration_sec=1.0)
             return
+        header = self._header
+        header.stamp.sec, header.stamp.nanosec = msg.stamp_sec, msg.stamp_nanosec
+        header.frame_id = msg.frame_id
+        built_start_ns = time.time_ns()
         # Published before the next frame is built, so its message objects can be reused.
-        self._outputs['detections'].publish(self._detection_builder.build(
-            frame, msg.header, self._backend_name, self._model_id,
-            self._params['publish_embeddings']))
-        latency_ms = (time.time_ns() - received_ns) * 1e-6
+        detections = self._detection_builder.build(
+            frame, header, self._backend_name, self._model_id,
+            self._params['publish_embeddings'])
+        built_ns = time.time_ns()
+        self._outputs['detections'].publish(detections)
+        published_ns = time.time_ns()
+        latency_ms = (published_ns - received_ns) * 1e-6
         self._stats.increment('processed')
         self._stats.record_latency(latency_ms)
         # Everything the node adds to the network's forward pass on this frame, timed in
         # one process on one frame (a forward timed in another process differed by up to 6 %).
         self._stats.record_latency(frame.forward_ms, 'forward')
         self._stats.record_latency(latency_ms - frame.forward_ms, 'overhead')
+        resize_ms = 0.0 if math.isnan(frame.resize_ms) else frame.resize_ms
+        self._record_stages({
+            'receive_convert': (converted_ns - taken_ns) * 1e-6,
+            'resize_normalise': frame.resize_ms, 'forward': frame.forward_ms - resize_ms,
+            'gp': frame.gp_ms, 'duplicates_tracking': frame.tracking_ms,
+            'message': (built_ns - built_start_ns) * 1e-6,
+            'publish': (published_ns - built_ns) * 1e-6})
         standard = self._outputs.get('detections_2d')
         if standard is not None and standard.get_subscription_count():
-            standard.publish(self._detection_2d_builder.build(frame, msg.header))
+            standard.publish(self._detection_2d_builder.build(frame, header))
         ood_threshold = self._perception.gp.ood_threshold
         if self._outputs['markers'].get_subscription_count():
             self._outputs['markers'].publish(
-                marker_array_message(frame, msg.header, ood_threshold))
+                marker_array_message(frame, header, ood_threshold))
         if self._outputs['overlay'].get_subscription_count():
             from uq_perception.overlay import draw_overlay
             self._outputs['overlay'].publish(Image(
-                header=msg.header, **rgb_to_image_fields(draw_overlay(rgb, frame,
-                                                                      ood_threshold))))
+                header=header, **rgb_to_image_fields(draw_overlay(rgb, frame,
+                                                                  ood_threshold))))
 
-    def _record_delivery(self, info: dict, callback_start_ns: int) -> None:
+    def _record_stages(self, stages: dict[str, float]) -> None:
+        for name, milliseconds in stages.items():
+            if not math.isnan(milliseconds):
+                self._stats.record_latency(milliseconds, f'stage:{name}')
+
+    def _record_delivery(self, info: dict, callback_start_ns: int, taken_ns: int) -> None:
         # DDS stamps when the publisher wrote the frame and when it reached this process
         # (system clock, shared by processes on one host): the latency before the callback
         # splits into transport and waiting for the executor to dispatch it.
@@ -688,6 +749,8 @@ class DetectorNode(LifecycleNode):
         if source and received:
             self._stats.record_latency((received - source) * 1e-6, 'transport')
             self._stats.record_latency((callback_start_ns - received) * 1e-6, 'dispatch')
+        if source:
+            self._stats.record_latency((taken_ns - source) * 1e-6, 'stage:transport')
 
     def _count_dropped(self, sequence: int | None) -> None:
         # DDS publication sequence numbers grow by one per message of a publisher; a gap
@@ -722,6 +785,11 @@ class DetectorNode(LifecycleNode):
         if self._last_problem:
             level, message = DiagnosticStatus.WARN, self._last_problem
             self._last_problem = ''
+        stages = {}
+        for name in FRAME_STAGES:
+            stage_p50, stage_p99 = self._stats.latency_percentiles(50, 99, stage=f'stage:{name}')
+            stages[f'stage_{name}_p50_ms'] = f'{stage_p50:.3f}'
+            stages[f'stage_{name}_p99_ms'] = f'{stage_p99:.3f}'
         values = {
             'input_rate_hz': f'{self._stats.rate_hz(now):.2f}',
             'latency_p50_ms': f'{p50:.2f}', 'latency_p99_ms': f'{p99:.2f}',
@@ -746,6 +814,7 @@ class DetectorNode(LifecycleNode):
                 f'{reference.count} known objects of {reference.split}, largest variance '
                 f'{reference.maximum:.4g}' if reference is not None
                 else 'none: calibrated_score is -1'),
+            **stages,
         }
         status = DiagnosticStatus(
             level=level, name=f'{self.get_name()}: uncertainty detector', message=message,

@@ -2,12 +2,16 @@
 
 One call per camera frame: the backend detects, the GP attaches to each detection's
 embedding and logits (and, through its box calibration, a standard deviation to each box
-coordinate), the tracker assigns ids. The detector node adapts this to ROS; the
-benchmarks and evaluators use it directly, so what is measured is what the node runs.
+coordinate), the tracker assigns ids. Where the backend computed each detection's GP
+variance with the network (the CUDA graph), the GP reads it instead of querying again.
+Each stage's time is kept in the frame's result, from cheap monotonic clock reads. The
+detector node adapts this to ROS; the benchmarks and evaluators use it directly, so what is
+measured is what the node runs.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -49,6 +53,13 @@ class FrameResult:
     ood_threshold
         The GP variance above which a detection is flagged out of distribution; ``None``
         when the GP has none.
+    resize_ms
+        The part of ``forward_ms`` spent resizing and normalising the image on the host
+        (NaN where the backend does not time it apart).
+    gp_ms
+        The GP's summaries and the box standard deviations.
+    tracking_ms
+        Duplicate suppression and tracking.
     """
 
     detections: Detections
@@ -60,6 +71,9 @@ class FrameResult:
     box_std: np.ndarray
     reference_variance_max: float | None = None
     ood_threshold: float | None = None
+    resize_ms: float = math.nan
+    gp_ms: float = math.nan
+    tracking_ms: float = math.nan
 
     def __len__(self) -> int:
         return len(self.detections)
@@ -115,22 +129,30 @@ class UncertaintyPerception:
         start = time.perf_counter()
         detections = self.backend.infer(image_rgb, self.score_threshold, self.max_detections)
         forward_end = time.perf_counter()
+        gp_output = self.backend.device_gp_output()
         if self.duplicates is not None and len(detections) > 1:
             keep = self.duplicates.keep(detections.boxes, detections.scores)
             if not keep.all():
                 detections = Detections(detections.boxes[keep], detections.scores[keep],
                                         detections.embeddings[keep], detections.logits[keep])
+                if gp_output is not None:
+                    gp_output = (gp_output[0][keep], gp_output[1][keep])
+        gp_start = time.perf_counter()
         # The GP's head can have grown classes through online labels; its logits are the
         # ones that match its class list.
-        uncertainty = self.gp.predict(detections.embeddings)
+        uncertainty = self.gp.predict(detections.embeddings, gp_output=gp_output)
         stds = box_std(detections.boxes, uncertainty.gp_variance, self.gp.box_calibration,
                        cell_size(self.backend.input_size, image_rgb.shape[:2]))
+        gp_end = time.perf_counter()
         if self.tracker is not None:
             track_ids = self.tracker.update(detections.boxes)
         else:
             track_ids = np.full(len(detections), -1, dtype=np.int64)
         reference = self.gp.score_reference
+        end = time.perf_counter()
         return FrameResult(detections, uncertainty, track_ids, list(self.gp.class_names),
-                           (time.perf_counter() - start) * 1e3, (forward_end - start) * 1e3,
+                           (end - start) * 1e3, (forward_end - start) * 1e3,
                            stds, None if reference is None else reference.maximum,
-                           self.gp.ood_threshold)
+                           self.gp.ood_threshold, self.backend.preprocess_ms,
+                           (gp_end - gp_start) * 1e3,
+                           (gp_start - forward_end + end - gp_end) * 1e3)

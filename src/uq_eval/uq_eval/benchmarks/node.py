@@ -37,6 +37,12 @@ calls on the same frames (the same call as the bare forward, timed in the node).
 the p50 of each frame's DDS reception stamp in the node to its DetectionArray published
 less that frame's backend call, against the p50 of the backend calls (the node's
 diagnostics, over its last 300 frames).
+
+``node_stages`` splits a frame by stage, each timed in the node (p50 and p99 over its last
+300 frames; ``uq_perception.detector_node.FRAME_STAGES``): the transport from the
+publisher's DDS source stamp to the node taking the image, taking and converting it,
+resizing and normalising, the network's forward pass and decode, the GP, duplicate
+suppression and tracking, building the DetectionArray and publishing it.
 """
 
 from __future__ import annotations
@@ -485,7 +491,17 @@ def summarise_blocks(blocks: list[_Block], rate_hz: float, report: dict[str, str
         'end_to_end_over_node_forward_ratio': (latency_p50 - node_forward_p50)
         / node_forward_p50,
         'node_side_overhead_ratio': node_overhead_p50 / node_forward_p50,
+        'node_stages': node_stages(report),
     }
+
+
+def node_stages(report: dict[str, str]) -> dict[str, dict[str, float]]:
+    """p50 and p99 (ms) of each stage of a frame as the node timed it (its diagnostics,
+    over its last 300 frames; NaN for a stage it did not report)."""
+    from uq_perception.detector_node import FRAME_STAGES
+
+    return {name: {f'{q}_ms': float(report.get(f'stage_{name}_{q}_ms', 'nan'))
+                   for q in ('p50', 'p99')} for name in FRAME_STAGES}
 
 
 #: Figures compared between backends, each as its ratio to the reference backend's.

@@ -460,7 +460,11 @@ class CenterNetDetector(nn.Module):
             import cv2  # deferred: only needed when the camera size differs from the model's
 
             image_rgb = cv2.resize(image_rgb, (in_w, in_h), interpolation=cv2.INTER_AREA)
-        tensor = torch.from_numpy(np.ascontiguousarray(image_rgb)).permute(2, 0, 1)
+        image_rgb = np.ascontiguousarray(image_rgb)
+        if not image_rgb.flags.writeable:
+            # A view of a received message's bytes: torch tensors want writable memory.
+            image_rgb = image_rgb.copy()
+        tensor = torch.from_numpy(image_rgb).permute(2, 0, 1)
         return tensor.unsqueeze(0)
 
     @torch.no_grad()

@@ -15,6 +15,7 @@ This module is ROS-free and torch-free.
 from __future__ import annotations
 
 import abc
+import math
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -171,6 +172,16 @@ class DetectorContract(abc.ABC):
     def num_classes(self) -> int:
         """``C``."""
         return self.head().num_classes
+
+    #: Milliseconds the last :meth:`infer` spent resizing and normalising the image (a part
+    #: of the call); NaN where a detector does not time that stage apart.
+    preprocess_ms: float = math.nan
+
+    def device_gp_output(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The ``(K,)`` GP variance and ``(K,)`` int64 expert of each detection of the last
+        :meth:`infer`, where the detector computed them with its network (the CUDA graph of
+        ``pytorch-cuda`` with a GP); ``None`` otherwise, and the GP is queried on the host."""
+        return None
 
     def synchronize(self) -> None:  # noqa: B027 - optional hook: CPU detectors queue nothing
         """Wait for queued device work, so a timer around :meth:`infer` measures it all."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -173,6 +174,12 @@ class ScoreReference:
                 f'{1 / MIN_RELATIVE_SPREAD:.0e}): scores and OOD flags cannot rank detections; '
                 'refit the GP on more data')
 
+    @cached_property
+    def _interpolation_table(self) -> tuple[np.ndarray, np.ndarray]:
+        # Log quantiles and their levels, built once: score() runs on every camera frame.
+        xp = np.log(np.maximum(np.asarray(self.variance_quantiles), _TINY_VARIANCE))
+        return xp, np.linspace(0.0, 1.0, len(xp))
+
     def score(self, variance: np.ndarray) -> np.ndarray:
         """``(B,)`` calibrated scores in ``[0, 1]`` of ``(B,)`` GP variances.
 
@@ -184,8 +191,7 @@ class ScoreReference:
         v = np.asarray(variance, dtype=np.float64)
         if not np.isfinite(v).all() or (v < 0).any():
             raise ValueError('variances must be finite and >= 0')
-        xp = np.log(np.maximum(np.asarray(self.variance_quantiles), _TINY_VARIANCE))
-        levels = np.linspace(0.0, 1.0, len(xp))
+        xp, levels = self._interpolation_table
         x = np.log(np.maximum(v, _TINY_VARIANCE))
         # hi: first quantile above x; lo: first quantile at or above x. Strictly between
         # quantiles lo == hi and the score interpolates on the segment (hi - 1, hi).

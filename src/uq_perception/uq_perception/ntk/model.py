@@ -617,9 +617,11 @@ class LastLayerNTKGP:
         if not self._fitted:
             raise ValueError('the NTK-GP is not fitted: call fit() or load() first')
 
-    def _query(self, features: Any, logits: Any = None
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Return ``(logits (B, C), gp_variance (B,), expert_id (B,))``."""
+    def _query_mean(self, features: Any, logits: Any = None,
+                    expert: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Return ``(logits (B, C), phi~ with its bias column (B, D+1), expert_id (B,))``;
+        ``expert`` given: each row's expert as it was routed elsewhere."""
         self._require_fitted()
         x = check_matrix(features, 'features', self.feature_dim)
         b, d = x.shape
@@ -636,12 +638,20 @@ class LastLayerNTKGP:
         phi = np.empty((b, d + 1))
         phi[:, :d] = x
         phi[:, d] = 1.0
-        expert = self._experts_of(x, base)
+        if expert is None:
+            expert = self._experts_of(x, base)
         full = base
         if base.shape[1] < c_all:
             extra = np.einsum('bp,bkp->bk', phi, self._extra_weight[expert]) \
                 + self._new_class_prior_mean(base[:, :c_base])[:, None]
             full = np.concatenate([base, extra], axis=1)
+        return full, phi, expert
+
+    def _query(self, features: Any, logits: Any = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Return ``(logits (B, C), gp_variance (B,), expert_id (B,))``."""
+        full, phi, expert = self._query_mean(features, logits)
+        b = phi.shape[0]
         if self.num_experts == 1:
             variance = np.einsum('ij,ij->i', phi @ self._covariance[0], phi)
         else:
@@ -667,8 +677,8 @@ class LastLayerNTKGP:
         with self._lock:
             return self._query(features)[1]
 
-    def predict(self, features: np.ndarray, logits: np.ndarray | None = None
-                ) -> UncertaintyOutput:
+    def predict(self, features: np.ndarray, logits: np.ndarray | None = None,
+                gp_output: tuple[np.ndarray, np.ndarray] | None = None) -> UncertaintyOutput:
         """Predictive summary of a batch of features.
 
         Parameters
@@ -678,14 +688,22 @@ class LastLayerNTKGP:
         logits : np.ndarray, optional
             ``(B, C_base)`` or ``(B, C)`` network logits; default ``W phi + b``. Logits of
             classes taught online are appended from their Bayesian linear model.
+        gp_output : tuple[np.ndarray, np.ndarray], optional
+            ``(B,)`` GP variance and ``(B,)`` expert of each row, already computed from this
+            GP's matrices (the CUDA graph's in-graph query, :func:`gp_variance_torch`): the
+            variance is not computed again here, only the mean and the summaries.
 
         Raises
         ------
         ValueError
-            Wrong shapes, non-finite values, or an unfitted model.
+            Wrong shapes, non-finite values, an expert out of range, or an unfitted model.
         """
         with self._lock:
-            mean, variance, expert = self._query(features, logits)
+            if gp_output is None:
+                mean, variance, expert = self._query(features, logits)
+            else:
+                variance, expert = self._checked_gp_output(gp_output, len(features))
+                mean = self._query_mean(features, logits, expert)[0]
             c = mean.shape[1]
             draws = self._draws.get(c)
             if draws is None:
@@ -714,6 +732,20 @@ class LastLayerNTKGP:
                             mutual[rows], probs[rows]))
             return UncertaintyOutput(mean, variance, class_variance, probs, total, expected,
                                      mutual, ood, expert.astype(np.int64), score)
+
+    def _checked_gp_output(self, gp_output: tuple[np.ndarray, np.ndarray], rows: int
+                           ) -> tuple[np.ndarray, np.ndarray]:
+        variance = np.asarray(gp_output[0], dtype=np.float64)
+        expert = np.asarray(gp_output[1])
+        if variance.shape != (rows,) or expert.shape != (rows,):
+            raise ValueError(f'gp_output must hold ({rows},) variances and experts, got '
+                             f'{variance.shape} and {expert.shape}')
+        if not (np.isfinite(variance).all() and (variance >= 0.0).all()):
+            raise ValueError('gp_output variances must be finite and >= 0')
+        if expert.dtype.kind not in 'iu' or (rows and not (
+                0 <= expert.min() and expert.max() < self.num_experts)):
+            raise ValueError(f'gp_output experts must be integers in [0, {self.num_experts})')
+        return variance, expert.astype(np.int64)
 
     # ------------------------------------------------------------------ calibration
 
@@ -904,8 +936,8 @@ class LastLayerNTKGP:
 
     # ------------------------------------------------------------------ export
 
-    def gp_tensors(self) -> dict[str, torch.Tensor]:
-        """float32 ``centroids (M, D)`` and ``precision_inverse (M, D+1, D+1)`` tensors."""
+    def gp_tensors(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+        """``centroids (M, D)`` and ``precision_inverse (M, D+1, D+1)`` tensors of ``dtype``."""
         with self._lock:
             self._require_fitted()
             if self.config.gating is Gating.SCALE:
@@ -916,8 +948,8 @@ class LastLayerNTKGP:
                 raise ValueError('the in-graph GP query does not apply a feature transform: '
                                  'query this GP on the host (the CUDA graph runs the shipped '
                                  'CenterNet, whose GP has none)')
-            return {'centroids': torch.tensor(self._centroids, dtype=torch.float32),
-                    'precision_inverse': torch.tensor(self._covariance, dtype=torch.float32)}
+            return {'centroids': torch.tensor(self._centroids, dtype=dtype),
+                    'precision_inverse': torch.tensor(self._covariance, dtype=dtype)}
 
     # ------------------------------------------------------------------ persistence
 

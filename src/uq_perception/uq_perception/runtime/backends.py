@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -105,6 +106,14 @@ class InferenceBackend(DetectorContract):
         if self._device.type == 'cuda':
             torch.cuda.synchronize(self._device)
 
+    def _input_image(self, image_rgb: np.ndarray) -> torch.Tensor:
+        """The model's ``(1, 3, h, w)`` uint8 input of ``image_rgb`` (resized on the host),
+        its time kept in :attr:`preprocess_ms`."""
+        start = time.perf_counter()
+        images = self.model.image_tensor(image_rgb)
+        self.preprocess_ms = (time.perf_counter() - start) * 1e3
+        return images
+
     def _unpack(self, packed: torch.Tensor, widths: list[int], image_rgb: np.ndarray,
                 score_threshold: float, max_detections: int) -> Detections:
         """Decode the packed ``(1, K, sum(widths))`` float32 host tensor."""
@@ -168,7 +177,7 @@ class TorchBackend(InferenceBackend):
     @torch.inference_mode()
     def infer(self, image_rgb: np.ndarray, score_threshold: float,
               max_detections: int) -> Detections:
-        images = self.model.image_tensor(image_rgb)
+        images = self._input_image(image_rgb)
         if self._transfers is not None:
             images = self._transfers.to_device(images)
         packed, widths = pack_candidates(self.model(normalize_images(images)))
@@ -191,27 +200,33 @@ class CudaGraphBackend(InferenceBackend):
         Graph, precision and preprocessing settings.
     gp
         The NTK-GP: when given, the variance of every candidate is computed on the device
-        (:attr:`last_frame` holds that of the kept detections).
+        (:attr:`last_frame` holds that of the kept detections, :meth:`device_gp_output`
+        gives it to the pipeline).
+    device
+        The CUDA device (default: the current one). A CPU device runs the same program
+        eagerly, without graphs: how the in-graph GP is checked where no GPU is.
 
     Raises
     ------
     BackendUnavailableError
-        Without a CUDA GPU.
+        Without a CUDA GPU (for a CUDA device).
     """
 
     kind = BackendKind.PYTORCH_CUDA
 
     def __init__(self, model: CenterNetDetector, options: CudaOptions,
-                 gp: LastLayerNTKGP | None = None) -> None:
+                 gp: LastLayerNTKGP | None = None, device: torch.device | None = None) -> None:
         from uq_perception.runtime.cuda_graph import DecodedFrame, GraphRunner
 
-        if not torch.cuda.is_available():
+        if (device is None or torch.device(device).type == 'cuda') \
+                and not torch.cuda.is_available():
             raise BackendUnavailableError(
                 f'backend pytorch-cuda ({options.describe()}) needs a CUDA GPU and a CUDA '
                 'build of torch; torch.cuda.is_available() is False here (use pytorch-cpu)')
         super().__init__(model)
         self.options = options
-        self._device = torch.device('cuda', torch.cuda.current_device())
+        self._device = torch.device('cuda', torch.cuda.current_device()) if device is None \
+            else torch.device(device)
         self.model = model.to(self._device).eval()
         self.runner = GraphRunner(self.model, options, self._device, gp)
         #: The last frame's detections with the device GP variance of each.
@@ -219,6 +234,8 @@ class CudaGraphBackend(InferenceBackend):
 
     @property
     def device_name(self) -> str:
+        if self._device.type != 'cuda':
+            return self._device.type
         return torch.cuda.get_device_name(self._device)
 
     @property
@@ -233,11 +250,18 @@ class CudaGraphBackend(InferenceBackend):
         check_rgb_image(image_rgb)
         # The raw frame for the GPU to resize, or the frame resized on the host.
         source = image_rgb if self.options.gpu_preprocess \
-            else self.model.image_tensor(image_rgb).numpy()
+            else self._input_image(image_rgb).numpy()
         self.last_frame = decode_candidates(self.model, self.runner.run(source),
                                             self.runner.widths, image_rgb.shape[:2],
                                             score_threshold, max_detections)
         return self.last_frame.detections
+
+    def device_gp_output(self) -> tuple[np.ndarray, np.ndarray] | None:
+        frame = self.last_frame
+        if frame is None or frame.gp_variance is None or frame.expert_id is None:
+            return None
+        return frame.gp_variance, frame.expert_id
+
 
 def _require_tensorrt():
     if not torch.cuda.is_available():
@@ -372,7 +396,7 @@ class TensorRTBackend(InferenceBackend):
     @torch.inference_mode()
     def infer(self, image_rgb: np.ndarray, score_threshold: float,
               max_detections: int) -> Detections:
-        images = self._transfers.to_device(self.model.image_tensor(image_rgb))
+        images = self._transfers.to_device(self._input_image(image_rgb))
         packed, widths = pack_candidates(self._engine(normalize_images(images, torch.float16)))
         packed = self._transfers.to_host(packed)
         return self._unpack(packed, widths, image_rgb, score_threshold, max_detections)
@@ -417,6 +441,8 @@ class OnnxRuntimeBackend(InferenceBackend):
         self._names = (INPUT_NAME, [OUTPUT_NAME])
         d, c = model.embedding_dim, model.num_classes
         self._widths = [1, 4, d, c]
+        # The session reads a contiguous (1, 3, h, w) image: filled in place frame after frame.
+        self._input = np.empty((1, 3, *model.input_size), np.uint8)
 
     @property
     def device_name(self) -> str:
@@ -424,9 +450,11 @@ class OnnxRuntimeBackend(InferenceBackend):
 
     def infer(self, image_rgb: np.ndarray, score_threshold: float,
               max_detections: int) -> Detections:
-        image = np.ascontiguousarray(self.model.image_tensor(image_rgb).numpy())
+        start = time.perf_counter()
+        np.copyto(self._input, self.model.image_tensor(image_rgb).numpy())
+        self.preprocess_ms = (time.perf_counter() - start) * 1e3
         input_name, outputs = self._names
-        packed = self._runner.run({input_name: image}, outputs)[outputs[0]]
+        packed = self._runner.run({input_name: self._input}, outputs)[outputs[0]]
         return self._unpack(torch.from_numpy(packed), self._widths, image_rgb,
                             score_threshold, max_detections)
 

@@ -21,12 +21,17 @@ frame uses them without a new capture. When a capture fails (a driver or an oper
 cannot be captured) the runner logs why and runs the same sequence eagerly.
 
 Precision follows the TensorRT engine's rule (``backends.ENGINE_PRECISION``): in ``fp16``
-the network's weights and input are float16; its outputs are read as float32, and the GP
-variance is computed in float32 from them, never in float16.
+the network's weights and input are float16; its outputs are read as float32. The GP
+variance is computed in float64, as on the host: ``phi~^T A^{-1} phi~`` is a small
+difference of large terms that float32 would round to a few digits, and the pipeline reads
+this variance in place of the host query (it reaches the host in float32, to 1e-7
+relative).
 
 The building blocks (:func:`resize_normalise`, :class:`DeviceGP`, :class:`CandidateProgram`,
 :func:`decode_candidates`) are plain torch and run on any device, so their logic is tested
-on the CPU; :class:`GraphRunner` needs CUDA. This module does not import
+on the CPU; :class:`GraphRunner` captures graphs on CUDA and runs the same program eagerly on
+a CPU device, which is how the pipeline's use of the in-graph GP variance is tested without
+a GPU. This module does not import
 ``uq_perception.runtime.backends``: the backend there builds on it.
 """
 
@@ -151,7 +156,8 @@ def resize_normalise(frame: torch.Tensor, input_size: tuple[int, int],
 
 
 class DeviceGP:
-    """The NTK-GP's gating centroids and posterior covariances ``A_m^{-1}`` in device buffers.
+    """The NTK-GP's gating centroids and posterior covariances ``A_m^{-1}`` in float64 device
+    buffers.
 
     A captured graph reads these buffers; :meth:`sync` refreshes their contents in place
     from the GP (never reallocating them), so a label taught online reaches the next replay
@@ -163,7 +169,7 @@ class DeviceGP:
         The fitted NTK-GP whose variance is computed.
     head
         The network's classification head; class gating routes a candidate to the expert
-        of its predicted class, computed in float32 from this head as the GP does.
+        of its predicted class, computed in float64 from this head as the GP does.
     device
         Where the buffers live.
     """
@@ -175,18 +181,19 @@ class DeviceGP:
         self.gp = gp
         self.device = torch.device(device)
         self.class_gating = gp.config.gating is Gating.CLASS
-        snapshot = gp.gp_tensors()
+        snapshot = gp.gp_tensors(torch.float64)
         pin = self.device.type == 'cuda'
         # Normal (not inference-mode) tensors, so that sync() may update them anywhere.
         with torch.inference_mode(False):
             self._host = {name: torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)
                           for name, t in snapshot.items()}
-            self.centroids = torch.empty(snapshot['centroids'].shape, device=self.device)
+            self.centroids = torch.empty(snapshot['centroids'].shape, dtype=torch.float64,
+                                         device=self.device)
             self.precision_inverse = torch.empty(snapshot['precision_inverse'].shape,
-                                                 device=self.device)
-            self.head_weight = torch.as_tensor(head.weight, dtype=torch.float32,
+                                                 dtype=torch.float64, device=self.device)
+            self.head_weight = torch.as_tensor(head.weight, dtype=torch.float64,
                                                device=self.device).clone()
-            self.head_bias = torch.as_tensor(head.bias, dtype=torch.float32,
+            self.head_bias = torch.as_tensor(head.bias, dtype=torch.float64,
                                              device=self.device).clone()
         self._copy_in(snapshot)
 
@@ -202,7 +209,7 @@ class DeviceGP:
     def sync(self) -> bool:
         """Copy the GP's current matrices into the buffers if they changed.
 
-        Costs one float32 snapshot of the GP (``O(M D^2)``, taken under its lock, so it is
+        Costs one float64 snapshot of the GP (``O(M D^2)``, taken under its lock, so it is
         consistent with a label applied from another thread) and a comparison per call.
 
         Returns
@@ -215,7 +222,7 @@ class DeviceGP:
         ValueError
             If the GP's matrices changed shape (another GP): the buffers cannot hold them.
         """
-        snapshot = self.gp.gp_tensors()
+        snapshot = self.gp.gp_tensors(torch.float64)
         for name, tensor in snapshot.items():
             if tensor.shape != self._host[name].shape:
                 raise ValueError(f'the GP\'s {name} changed shape from '
@@ -227,11 +234,11 @@ class DeviceGP:
         return True
 
     def variance(self, embeddings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(K,)`` float32 GP variance and int64 expert of ``(K, D)`` embeddings.
+        """``(K,)`` float64 GP variance and int64 expert of ``(K, D)`` embeddings.
 
         No data-dependent control flow and no host synchronisation: it can be captured.
         """
-        features = embeddings.float()
+        features = embeddings.double()
         expert = None
         if self.class_gating:
             logits = features @ self.head_weight.T + self.head_bias
@@ -283,8 +290,8 @@ class CandidateProgram:
         if self.device_gp is None:
             return packed
         variance, expert = self.device_gp.variance(outputs['embeddings'][0])
-        return torch.cat([packed, variance.reshape(1, -1, 1), expert.reshape(1, -1, 1).float()],
-                         dim=2)
+        return torch.cat([packed, variance.reshape(1, -1, 1).float(),
+                          expert.reshape(1, -1, 1).float()], dim=2)
 
 
 @dataclass(frozen=True)
@@ -354,7 +361,8 @@ class GraphRunner:
     options
         Graph, precision and preprocessing settings.
     device
-        The CUDA device.
+        The CUDA device; on a CPU device the program runs eagerly (no graph, no pinned
+        memory).
     gp
         The NTK-GP whose variance the program computes for every candidate, or ``None``.
     """
@@ -362,7 +370,8 @@ class GraphRunner:
     def __init__(self, model: CenterNetDetector, options: CudaOptions, device: torch.device,
                  gp: LastLayerNTKGP | None = None) -> None:
         self.options = options
-        self.device = device
+        self.device = torch.device(device)
+        self._cuda = self.device.type == 'cuda'
         dtype = torch.float16 if options.precision is Precision.FP16 else torch.float32
         # The caller's model stays float32: its head is the GP's.
         network = copy.deepcopy(model).half() if dtype == torch.float16 else model
@@ -379,8 +388,9 @@ class GraphRunner:
 
     @property
     def graphs_active(self) -> bool:
-        """Whether new input shapes are captured (asked for, and no capture failed)."""
-        return self.options.cuda_graph and not self.graph_failure
+        """Whether new input shapes are captured (asked for, on CUDA, and no capture
+        failed)."""
+        return self.options.cuda_graph and self._cuda and not self.graph_failure
 
     def graph_for(self, shape: tuple[int, ...]) -> torch.cuda.CUDAGraph | None:
         """The captured graph of an input shape, if any."""
@@ -405,9 +415,11 @@ class GraphRunner:
         else:
             packed = self.program(slot.device_input)
         if self._download is None or self._download.shape != packed.shape:
-            self._download = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            self._download = torch.empty(packed.shape, dtype=packed.dtype,
+                                         pin_memory=self._cuda)
         self._download.copy_(packed, non_blocking=True)
-        torch.cuda.current_stream(self.device).synchronize()
+        if self._cuda:
+            torch.cuda.current_stream(self.device).synchronize()
         return self._download
 
     def _slot(self, source: np.ndarray) -> _FrameSlot:
@@ -418,7 +430,7 @@ class GraphRunner:
             return slot
         if len(self._slots) >= MAX_CAPTURED_SIZES:
             self._slots.popitem(last=False)
-        slot = _FrameSlot(torch.empty(key, dtype=torch.uint8, pin_memory=True),
+        slot = _FrameSlot(torch.empty(key, dtype=torch.uint8, pin_memory=self._cuda),
                           torch.empty(key, dtype=torch.uint8, device=self.device))
         # The capture's warm-up runs on this frame.
         np.copyto(slot.host.numpy(), source)
