@@ -54,9 +54,12 @@ _ADAPTER_OPTIONS = {
 }
 
 
-def add_detector_arguments(parser: argparse.ArgumentParser) -> None:
-    """The detector and how to run it: ``--model`` and the ONNX adapter's settings."""
-    parser.add_argument('--model', type=Path, required=True,
+def add_detector_arguments(parser: argparse.ArgumentParser,
+                           default_model: Path | None = None) -> None:
+    """The detector and how to run it: ``--model`` (required unless ``default_model``) and
+    the ONNX adapter's settings."""
+    parser.add_argument('--model', type=Path, required=default_model is None,
+                        default=default_model,
                         help='the detector: the shipped format (.pt) or an ONNX file')
     parser.add_argument('--model-format', default=AUTO_FORMAT,
                         choices=[AUTO_FORMAT, 'torch', 'onnx'],
