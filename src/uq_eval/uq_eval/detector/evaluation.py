@@ -59,7 +59,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from uq_eval.gp.fitting import ObjectFeatures
-    from uq_perception.detectors.centernet import CenterNetDetector, Detections
+    from uq_perception.detectors.centernet import CenterNetDetector
     from uq_perception.detectors.contract import DetectorContract
     from uq_perception.ntk import LastLayerNTKGP
     from uq_perception.training.detector_data import DetectionSplit
@@ -68,7 +68,9 @@ from uq_common.arguments import positive_int
 from uq_eval.detector.scoring import (
     UNCERTAINTY_SIGNALS,
     append_uncertainty_signals,
+    detected_objects,
     matched_objects,
+    ood_score_table,
     print_json_report,
     safe_auroc,
     value_spread,
@@ -197,26 +199,6 @@ def evaluate_uncertainty(detector: DetectorContract, gp: LastLayerNTKGP,
     return result
 
 
-def detected_objects(split: DetectionSplit, loose: Sequence[Detections],
-                     operating: Sequence[Detections]) -> dict[str, int]:
-    """Not-ignored known and unknown objects of ``split``, and how many of each a detection
-    matches (IoU >= 0.5): at all (``loose``: detections down to the AP threshold) and at
-    the node's operating point (``operating``)."""
-    counts = {f'{kind}{what}': 0 for kind in ('known', 'unknown')
-              for what in ('', '_detected', '_detected_at_operating_threshold')}
-    for i in range(len(split)):
-        counted, unknown = ~split.hard(i), split.labels[i] < 0
-        counts['known'] += int((counted & ~unknown).sum())
-        counts['unknown'] += int((counted & unknown).sum())
-    for what, detections in (('_detected', loose),
-                             ('_detected_at_operating_threshold', operating)):
-        for i, _, obj_index in matched_objects(split, detections):
-            unknown = split.labels[i][obj_index] < 0
-            counts[f'known{what}'] += int((~unknown).sum())
-            counts[f'unknown{what}'] += int(unknown.sum())
-    return counts
-
-
 def known_reference(detector: DetectorContract, split: DetectionSplit,
                     progress: bool = False) -> ObjectFeatures | None:
     """The post-hoc scores' reference: the features, logits and classes of the detections
@@ -236,21 +218,6 @@ def known_reference(detector: DetectorContract, split: DetectionSplit,
         return None
     return ObjectFeatures(np.concatenate(features), np.concatenate(logits),
                           np.concatenate(labels))
-
-
-def ood_score_table(gp: LastLayerNTKGP, activation: str, reference: ObjectFeatures,
-                    embeddings: np.ndarray, logits: np.ndarray, labels: np.ndarray
-                    ) -> list[dict[str, Any]]:
-    """AUROC and FPR95, unknown (``labels`` < 0) against known detections, of every score
-    ``uq gp fit`` reports (:func:`uq_eval.gp.fitting.ood_score_rows`), the feature-space
-    baselines fitted on the ``reference`` known objects."""
-    from uq_eval.gp.fitting import ObjectFeatures, ood_score_rows
-
-    unknown = labels < 0
-    return ood_score_rows(gp, activation, reference.features, reference.labels,
-                          ObjectFeatures(embeddings[~unknown], logits[~unknown],
-                                         labels[~unknown]),
-                          ObjectFeatures(embeddings[unknown], logits[unknown], labels[unknown]))
 
 
 def measure_latency(model: CenterNetDetector, gp: LastLayerNTKGP | None = None,

@@ -114,11 +114,12 @@ def evaluate_procedural_unknowns(detector: DetectorContract, gp: LastLayerNTKGP,
     ValueError
         As :func:`render_procedural_split`.
     """
-    from uq_eval.detector.evaluation import detected_objects, ood_score_table
     from uq_eval.detector.scoring import (
         UNCERTAINTY_SIGNALS,
         append_uncertainty_signals,
+        detected_objects,
         matched_objects,
+        ood_score_table,
         safe_auroc,
     )
     from uq_sim.objects import PROCEDURAL_CLASSES
