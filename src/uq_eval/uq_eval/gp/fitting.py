@@ -9,8 +9,11 @@ validation images:
    detection checked to satisfy ``logits = W phi + b``), matches the detections to the
    annotations (IoU >= 0.5, greedily by score, as detection AP does) and keeps, for every
    annotated object a detection finds, that detection's features ``phi`` and logits: the
-   inputs the GP is queried with on the robot. A contract detector gives features only at
-   its detections, so objects none finds are counted, not used.
+   inputs the GP is queried with on the robot. Where the detector gives its candidates
+   before NMS (the ONNX adapter), the training objects may also give more points
+   (:func:`choose_training_points`): more anchors per found object, and the grid cells in
+   the box of an object no detection finds; otherwise objects none finds are counted, not
+   used.
 2. It fits the GP exactly as ``uq train`` fits the shipped one
    (:func:`uq_perception.training.train.fit_gp`): the gating chosen on held-out validation NLL,
    the probit factor and temperature calibrated on the validation objects, the OOD
