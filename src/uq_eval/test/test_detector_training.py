@@ -335,7 +335,7 @@ def test_detection_loss_compactness_term():
 
 
 def test_run_training_and_evaluation_end_to_end(dataset, tmp_path):
-    from uq_eval.detector.evaluation import evaluate
+    from uq_common.cli import main as uq
     from uq_perception.ntk import LastLayerNTKGP
 
     out = tmp_path / 'models'
@@ -372,8 +372,10 @@ def test_run_training_and_evaluation_end_to_end(dataset, tmp_path):
     assert again.model_id == model.model_id and again.metadata['gp'] == refit
     LastLayerNTKGP.load(out / 'detector_gp.npz', model_id=model.model_id)
 
-    report = evaluate(out / 'detector.pt', out / 'detector_gp.npz', dataset, latency_runs=3,
-                      progress=False)
+    assert uq(['eval', 'detector', '--data', str(dataset), '--model', str(out / 'detector.pt'),
+               '--gp', str(out / 'detector_gp.npz'), '--latency-runs', '3', '--no-progress',
+               '--out', str(tmp_path / 'eval.json')]) == 0
+    report = json.loads((tmp_path / 'eval.json').read_text())
     assert report['model_id'] == summary['model_id']
     assert report['box_uncertainty']['calibrated'] is False
     assert set(report['detection_test']['ap50_per_class']) == {'rectangle', 'ellipse'}

@@ -1,30 +1,47 @@
-"""Evaluation of the detector and its NTK-GP on simulator splits (ROS-free; ``uq eval detector``).
+"""Evaluation of a contract detector and its NTK-GP on simulator splits (ROS-free;
+``uq eval detector``).
 
-Metrics, all on held-out splits at the model's input size:
+The detector is any model of the detector contract, opened as ``uq gp fit`` and the
+detector node open it (:func:`uq_eval.gp.fit_command.open_detector`): the shipped CenterNet
+(``.pt``, on ``pytorch-cpu``) or an ONNX file through the ONNX adapter (``.onnx``, with the
+adapter's settings, e.g. ``--layout yolo``). Every image is run through
+:meth:`~uq_perception.detectors.contract.DetectorContract.infer` one frame at a time, as on
+the robot: images are read at their own size (a split whose images differ in size is
+resized to the network's input) and the detector resizes them itself.
+
+Metrics, all on held-out splits:
 
 - **AP@0.5** per known class and their mean (``test``): COCO-style, detections ranked by
-  ``objectness * p(class)`` for their most probable class, greedy matching at IoU >= 0.5,
-  101-point interpolation. Occluded, truncated and tiny objects (the flags of the
-  simulator's annotations) are "ignore" regions as COCO's crowd boxes: finding them is
+  ``score * p(class)`` for their most probable class (the GP's predictive probabilities
+  for a softmax head, the detector's own sigmoid for a sigmoid head), greedy matching at
+  IoU >= 0.5, 101-point interpolation. Occluded, truncated and tiny objects (the flags of
+  the simulator's annotations) are "ignore" regions as COCO's crowd boxes: finding them is
   neither rewarded nor penalised. ``ap50_all_objects`` counts them as regular objects.
 - **Objectness recall on unknown objects** (``test_unknown``): the fraction of (not
   ignored) unknown objects matched at IoU >= 0.5 by a detection above the operating score
-  threshold, class-agnostic.
+  threshold, class-agnostic; and ``detected_objects``: how many known and unknown objects
+  any detection finds at all (score >= the AP threshold) and at the node's threshold.
 - **Known-vs-unknown AUROC** of the GP variance (and, for comparison, of the mutual
   information, the predictive entropy and one minus the max softmax probability of the
   network) over the detections matched to not-ignored known and unknown objects of
   ``test_unknown``; the GP variance's and the mutual information's also at the top of the
   report (``ood_auroc_gp_variance``, ``ood_auroc_mutual_information``, with the procedural
-  unknowns when they are evaluated) and on stderr.
+  unknowns when they are evaluated) and on stderr. Beside them, with a ``val`` split,
+  ``ood_scores``: AUROC and FPR95 of every score ``uq gp fit`` reports (the GP's
+  predictive signals, its calibrated score, the fused score and the post-hoc baselines
+  MSP, max logit, energy, Mahalanobis and KNN, fitted on the validation split's known
+  objects), on the same detections.
 - **Misclassification AUROC** (``test``): detections matched to known objects, positives
   those whose most probable class is wrong; scored by GP variance and predictive entropy.
 - Calibration of the matched known detections (accuracy, ECE, NLL, Brier).
-- **Box-coordinate coverage** (``test``): the share of true box coordinates within +-1 and
-  +-2 of the published ``box_std`` of the matched detections, per coordinate and overall
+- **Box-coordinate coverage** (``test``, the shipped CenterNet only: its box head gives
+  ``box_std``): the share of true box coordinates within +-1 and +-2 of the published
+  ``box_std`` of the matched detections, per coordinate and overall
   (``uq_perception.training.box_fit``); the same on the unknown objects of
   ``test_unknown``.
-- **Latency** of the forward pass at batch 1 after warm-up (p50/p99 ms), and of the
-  whole ``detect`` + GP query.
+- **Latency** of the per-frame path (``infer`` and the GP query) after warm-up (p50/p99
+  ms); for the shipped CenterNet also of its forward pass at batch 1 and of ``detect`` +
+  GP query.
 """
 
 from __future__ import annotations
@@ -41,51 +58,55 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from uq_eval.gp.fitting import ObjectFeatures
     from uq_perception.detectors.centernet import CenterNetDetector
+    from uq_perception.detectors.contract import DetectorContract
     from uq_perception.ntk import LastLayerNTKGP
-    from uq_perception.runtime.backends import InferenceBackend
     from uq_perception.training.detector_data import DetectionSplit
-    from uq_perception.training.ood_baselines import FeatureBank
 
 from uq_common.arguments import positive_int
 from uq_eval.detector.scoring import (
     UNCERTAINTY_SIGNALS,
     append_uncertainty_signals,
+    detected_objects,
     matched_objects,
+    ood_score_table,
     print_json_report,
     safe_auroc,
     value_spread,
 )
 from uq_perception.training.detection_scoring import (
+    AP_MAX_DETECTIONS,
+    AP_SCORE_THRESHOLD,
     OPERATING_MAX_DETECTIONS,
     OPERATING_THRESHOLD,
-    evaluate_detection,
-    predict_split,
+    detect_split,
+    detection_report,
     rounded,
 )
 
 
-def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
+def evaluate_uncertainty(detector: DetectorContract, gp: LastLayerNTKGP,
                          test: DetectionSplit, test_unknown: DetectionSplit,
                          score_threshold: float = OPERATING_THRESHOLD,
                          max_detections: int = OPERATING_MAX_DETECTIONS,
                          progress: bool = False,
-                         bank: FeatureBank | None = None) -> dict[str, Any]:
-    """Unknown-object recall, OOD and misclassification AUROCs, calibration; with a
-    feature ``bank`` of known objects, the GP beside every post-hoc OOD score
-    (:mod:`uq_perception.training.ood_baselines`) on the same detections."""
+                         reference: ObjectFeatures | None = None) -> dict[str, Any]:
+    """Unknown-object recall and detection counts, OOD and misclassification AUROCs,
+    calibration; with the ``reference`` known objects of the post-hoc scores, the GP beside
+    every one of them on the same detections (:func:`ood_score_table`)."""
     from uq_perception.training import metrics
 
     result: dict[str, Any] = {'score_threshold': score_threshold}
 
     # --- unknown objects: objectness recall and known-vs-unknown separation
-    dets = predict_split(model, test_unknown, score_threshold, max_detections,
-                         progress=progress)
+    dets = detect_split(detector, test_unknown, score_threshold, max_detections, progress)
     found: dict[int, list[bool]] = {}
     known_found: list[bool] = []
     signals: dict[str, list[float]] = {name: [] for name in UNCERTAINTY_SIGNALS}
     is_unknown: list[bool] = []
     matched_category: list[int] = []
+    matched_label: list[int] = []
     norms: list[float] = []
     embeddings: list[np.ndarray] = []
     logits: list[np.ndarray] = []
@@ -108,6 +129,7 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
         logits.append(dets[i].logits[det_index])
         is_unknown += unknown[obj_index].tolist()
         matched_category += test_unknown.category_ids[i][obj_index].tolist()
+        matched_label += test_unknown.labels[i][obj_index].tolist()
     all_unknown = [h for hits in found.values() for h in hits]
     labels = np.array(is_unknown, dtype=bool)
     result['unknown_recall'] = rounded(float(np.mean(all_unknown))) if all_unknown else None
@@ -117,6 +139,9 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
     result['unknown_objects'] = len(all_unknown)
     result['known_recall_test_unknown'] = rounded(float(np.mean(known_found))) \
         if known_found else None
+    result['detected_objects'] = detected_objects(
+        test_unknown, detect_split(detector, test_unknown, AP_SCORE_THRESHOLD,
+                                   AP_MAX_DETECTIONS, progress), dets)
     result['ood_matched_known'] = int((~labels).sum())
     result['ood_matched_unknown'] = int(labels.sum())
     result['auroc_unknown'] = {name: safe_auroc(np.array(v), labels)
@@ -133,9 +158,10 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
         test_unknown.category_names[int(c)]: safe_auroc(
             gp_variance[~labels | (category == c)], labels[~labels | (category == c)])
         for c in np.unique(category[labels])}
-    if bank is not None and labels.any() and (~labels).any():
-        result['ood_scores'] = ood_score_table(gp, bank, np.concatenate(embeddings),
-                                               np.concatenate(logits), labels)
+    if reference is not None and labels.any() and (~labels).any():
+        result['ood_scores'] = ood_score_table(
+            gp, detector.class_activation, reference, np.concatenate(embeddings),
+            np.concatenate(logits), np.array(matched_label, dtype=np.int64))
     if gp.ood_threshold is not None and labels.size:
         flagged = np.array(signals['gp_variance']) > gp.ood_threshold
         result['ood_flag_rate_known'] = rounded(float(flagged[~labels].mean())) \
@@ -144,7 +170,7 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
             if labels.any() else None
 
     # --- known objects of the test split: misclassification and calibration
-    dets = predict_split(model, test, score_threshold, max_detections, progress=progress)
+    dets = detect_split(detector, test, score_threshold, max_detections, progress)
     variance, entropy, probs, truth = [], [], [], []
     for i, det_index, obj_index in matched_objects(test, dets):
         known = test.labels[i][obj_index] >= 0
@@ -173,38 +199,25 @@ def evaluate_uncertainty(model: CenterNetDetector, gp: LastLayerNTKGP,
     return result
 
 
-def known_feature_bank(model: CenterNetDetector, split: DetectionSplit,
-                       progress: bool = False) -> FeatureBank | None:
-    """The feature-space baselines' reference: the embeddings of the detections matched to
-    the split's known objects, at the node's operating point; None when fewer than two are
-    matched (an untrained model)."""
-    from uq_perception.training.ood_baselines import FeatureBank
+def known_reference(detector: DetectorContract, split: DetectionSplit,
+                    progress: bool = False) -> ObjectFeatures | None:
+    """The post-hoc scores' reference: the features, logits and classes of the detections
+    matched to the split's known objects, at the node's operating point; None when fewer
+    than two are matched (an untrained model)."""
+    from uq_eval.gp.fitting import ObjectFeatures
 
-    dets = predict_split(model, split, OPERATING_THRESHOLD, OPERATING_MAX_DETECTIONS,
-                         progress=progress)
-    features, labels = [], []
+    dets = detect_split(detector, split, OPERATING_THRESHOLD, OPERATING_MAX_DETECTIONS,
+                        progress)
+    features, logits, labels = [], [], []
     for i, det_index, obj_index in matched_objects(split, dets):
         known = split.labels[i][obj_index] >= 0
         features.append(dets[i].embeddings[det_index[known]])
+        logits.append(dets[i].logits[det_index[known]])
         labels.append(split.labels[i][obj_index[known]])
     if sum(len(f) for f in features) < 2:
         return None
-    return FeatureBank.fitted(np.concatenate(features), np.concatenate(labels))
-
-
-def ood_score_table(gp: LastLayerNTKGP, bank: FeatureBank, embeddings: np.ndarray,
-                    logits: np.ndarray, unknown: np.ndarray) -> list[dict[str, Any]]:
-    """AUROC and FPR95, unknown against known detections, of the GP variance, the
-    calibrated score and every post-hoc baseline (softmax: the CenterNet's classes)."""
-    from uq_perception.training.ood_baselines import baseline_scores, score_table
-
-    out = gp.predict(embeddings, logits)
-    scores = {'gp_variance': out.gp_variance}
-    if out.calibrated_score is not None:
-        scores['calibrated_score'] = out.calibrated_score
-    scores.update(baseline_scores(logits, embeddings, bank, 'softmax'))
-    return score_table({k: v[~unknown] for k, v in scores.items()},
-                       {k: v[unknown] for k, v in scores.items()})
+    return ObjectFeatures(np.concatenate(features), np.concatenate(logits),
+                          np.concatenate(labels))
 
 
 def measure_latency(model: CenterNetDetector, gp: LastLayerNTKGP | None = None,
@@ -256,19 +269,19 @@ def measure_latency(model: CenterNetDetector, gp: LastLayerNTKGP | None = None,
     return result
 
 
-def measure_backend_latency(backend: InferenceBackend, gp: LastLayerNTKGP | None = None,
+def measure_backend_latency(backend: DetectorContract, gp: LastLayerNTKGP | None = None,
                             runs: int = 200, warmup: int = 20, seed: int = 0
                             ) -> dict[str, Any]:
     """The node's per-frame path on ``backend``: ``infer`` (upload, network, one download,
     decode), then the GP query on the host, in ms. Each ``infer`` is followed by a device
     synchronisation, so queued GPU work is inside the timer."""
-    height, width = backend.model.input_size
+    height, width = backend.input_size
     rng = np.random.default_rng(seed)
     image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
     infer, full = [], []
     for n in range(warmup + runs):
         t0 = time.perf_counter()
-        dets = backend.infer(image, 0.3, 20)
+        dets = backend.infer(image, OPERATING_THRESHOLD, OPERATING_MAX_DETECTIONS)
         backend.synchronize()
         t1 = time.perf_counter()
         if gp is not None and len(dets):
@@ -278,7 +291,7 @@ def measure_backend_latency(backend: InferenceBackend, gp: LastLayerNTKGP | None
             infer.append((t1 - t0) * 1e3)
             full.append((t2 - t0) * 1e3)
     return {
-        'backend': backend.kind.value, 'device': backend.device_name, 'runs': runs,
+        'backend': backend.backend_name, 'device': backend.device_name, 'runs': runs,
         'input': f'{width}x{height}',
         'infer_p50': rounded(float(np.percentile(infer, 50)), 2),
         'infer_p99': rounded(float(np.percentile(infer, 99)), 2),
@@ -297,65 +310,106 @@ def _cpu_name() -> str:
     return platform.processor() or 'unknown'
 
 
-def evaluate(model_path: Path, gp_path: Path, data: Path, latency_runs: int = 200,
-             threads: int = 1, progress: bool = True, backend: str = 'pytorch-cpu',
-             engine: str | None = None, procedural_unknowns: int = 0,
+def read_split(directory: Path, class_names: Sequence[str],
+               fallback_size: tuple[int, int]) -> DetectionSplit:
+    """A split of ``uq sim dataset`` at its images' own size (the detector resizes them, as
+    on the robot), or at ``fallback_size`` when its images differ in size.
+
+    Raises
+    ------
+    ValueError
+        If the annotations or an image are missing or malformed, or the split's known
+        classes are not ``class_names``.
+    """
+    from uq_perception.training.coco_data import read_coco
+    from uq_perception.training.detector_data import split_from_coco
+
+    annotations = directory / 'annotations.json'
+    if not annotations.is_file():
+        raise ValueError(f'no annotations.json in {directory}; generate data with '
+                         f'`uq sim dataset --out DIR`')
+    dataset = read_coco(annotations)
+    sizes = {(image.height, image.width) for image in dataset.images}
+    size = sizes.pop() if len(sizes) == 1 else fallback_size
+    return split_from_coco(dataset, directory.name, size, class_names)
+
+
+def evaluate(detector: DetectorContract, gp: LastLayerNTKGP, data: Path,
+             model_info: dict[str, Any], gp_path: Path,
+             latency_backend: DetectorContract | None = None, latency_runs: int = 200,
+             progress: bool = True, procedural_unknowns: int = 0,
              procedural_seed: int = 0) -> dict[str, Any]:
-    """All metrics of a saved detector and GP on ``data/test`` and ``data/test_unknown``,
-    and on ``procedural_unknowns`` generated unknown objects when that is > 0."""
-    import torch
+    """All metrics of ``detector`` and its GP on ``data/test`` and ``data/test_unknown``,
+    and on ``procedural_unknowns`` generated unknown objects when that is > 0; the
+    per-frame latency on ``latency_backend`` (default: ``detector``).
 
-    from uq_perception.detectors.centernet import load_detector
-    from uq_perception.ntk import LastLayerNTKGP
-    from uq_perception.runtime.backends import create_backend
+    Raises
+    ------
+    ValueError
+        As :func:`read_split`, or procedural unknowns for a detector of other classes than
+        the simulator's.
+    """
+    from uq_perception.runtime.backends import InferenceBackend
     from uq_perception.training.box_fit import evaluate_box_uncertainty
-    from uq_perception.training.detector_data import load_split
 
-    torch.set_num_threads(threads)
-    model = load_detector(model_path)
-    # Its own copy of the network (a GPU backend moves it), created first so an
-    # unavailable backend fails before the accuracy metrics run.
-    runner = create_backend(backend, load_detector(model_path), engine_path=engine)
-    gp = LastLayerNTKGP.load(gp_path, feature_dim=model.embedding_dim,
-                             class_names=model.class_names, model_id=model.model_id)
-    size = model.input_size
-    test = load_split(data / 'test', size, class_names=model.class_names)
-    test_unknown = load_split(data / 'test_unknown', size, class_names=model.class_names)
+    # The shipped CenterNet's own network: its box head and its batch-1 forward pass.
+    network = detector.model if isinstance(detector, InferenceBackend) else None
+    names = detector.class_names
+    test = read_split(data / 'test', names, detector.input_size)
+    test_unknown = read_split(data / 'test_unknown', names, detector.input_size)
     report: dict[str, Any] = {
-        'model_id': model.model_id,
-        'model': str(model_path),
+        'model_id': detector.model_id,
+        'model': model_info['path'],
+        'detector': {key: model_info[key] for key in (
+            'format', 'sha256', 'classes', 'feature_dim', 'input_size', 'backend', 'adapter')},
         'gp': str(gp_path),
         'data': str(data),
         'gp_gating': gp.config.gating.value,
         'gp_experts': gp.num_experts,
-        'detection_test': evaluate_detection(model, test, gp, progress=progress),
+        'detection_test': detection_report(
+            test, detect_split(detector, test, AP_SCORE_THRESHOLD, AP_MAX_DETECTIONS,
+                               progress),
+            # The node publishes the GP's class probabilities for a softmax head; a sigmoid
+            # head's detections are ranked by its own class scores, as its AP is defined.
+            gp if detector.class_activation == 'softmax' else None,
+            detector.class_activation),
     }
     # The feature-space baselines are fitted on held-out known objects: the validation
     # split's, where the dataset has one (the GP's score reference comes from it too).
-    bank = None
+    reference = None
     if (data / 'val').is_dir():
-        bank = known_feature_bank(model, load_split(data / 'val', size,
-                                                    class_names=model.class_names), progress)
-    report['uncertainty'] = evaluate_uncertainty(model, gp, test, test_unknown,
-                                                 progress=progress, bank=bank)
+        reference = known_reference(detector, read_split(data / 'val', names,
+                                                         detector.input_size), progress)
+    report['uncertainty'] = evaluate_uncertainty(detector, gp, test, test_unknown,
+                                                 progress=progress, reference=reference)
     report['ood_auroc_mutual_information'] = {
         'fixed_unknown_set': report['uncertainty']['auroc_unknown']['mutual_information']}
     if procedural_unknowns > 0:
         from uq_eval.detector.procedural_unknowns import evaluate_procedural_unknowns
 
+        # Rendered by the camera of the dataset's scenes, so the detector sees the same
+        # field of view as on the fixed unknown set.
         report['procedural_unknowns'] = evaluate_procedural_unknowns(
-            model, gp, procedural_unknowns, procedural_seed, progress=progress)
+            detector, gp, procedural_unknowns, procedural_seed, test.images.shape[1:3],
+            progress=progress, reference=reference)
         report['ood_auroc_gp_variance'] = {
             'fixed_unknown_set': report['uncertainty']['auroc_unknown']['gp_variance'],
             'procedural_unknowns': report['procedural_unknowns']['auroc_unknown']['gp_variance'],
         }
         report['ood_auroc_mutual_information']['procedural_unknowns'] = \
             report['procedural_unknowns']['auroc_unknown']['mutual_information']
-    report['box_uncertainty'] = evaluate_box_uncertainty(
-        model, gp, test, test_unknown, OPERATING_THRESHOLD, OPERATING_MAX_DETECTIONS,
-        progress=progress)
-    report['latency_ms'] = measure_latency(model, gp, runs=latency_runs)
-    report['backend_latency_ms'] = measure_backend_latency(runner, gp, runs=latency_runs)
+    if network is not None:
+        report['box_uncertainty'] = evaluate_box_uncertainty(
+            network, gp, test, test_unknown, OPERATING_THRESHOLD, OPERATING_MAX_DETECTIONS,
+            progress=progress)
+        report['latency_ms'] = measure_latency(network, gp, runs=latency_runs)
+    else:
+        report['box_uncertainty'] = {
+            'calibrated': False,
+            'reason': 'box_std comes from the shipped detector\'s box head; this detector '
+                      'publishes none'}
+    report['backend_latency_ms'] = measure_backend_latency(latency_backend or detector, gp,
+                                                           runs=latency_runs)
     report['date'] = time.strftime('%Y-%m-%d %H:%M:%S %Z')
     return report
 
@@ -371,21 +425,23 @@ def epistemic_summary(report: dict[str, Any]) -> str:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Evaluate the detector and its NTK-GP on simulator test splits (prints JSON)."""
+    """Evaluate a detector (.pt or .onnx) and its NTK-GP on simulator test splits (prints
+    JSON)."""
+    from uq_eval.gp.fit_command import add_detector_arguments
+
     parser.add_argument('--data', type=Path, required=True,
-                        help='dataset directory with test/ and test_unknown/')
-    parser.add_argument('--model', type=Path, default=Path('models/detector.pt'))
+                        help='dataset directory with test/ and test_unknown/ (and val/ for '
+                             'the post-hoc scores\' reference)')
+    add_detector_arguments(parser, default_model=Path('models/detector.pt'))
     parser.add_argument('--gp', type=Path, default=Path('models/detector_gp.npz'))
     parser.add_argument('--out', type=Path, default=None, help='also write the JSON here')
     parser.add_argument('--latency-runs', type=positive_int, default=200)
-    parser.add_argument('--threads', type=positive_int, default=1,
-                        help='torch CPU threads for the accuracy metrics (latency is '
-                             'measured with 1 and 2 threads)')
     parser.add_argument('--no-progress', action='store_true', help='hide progress bars')
-    parser.add_argument('--backend', default='pytorch-cpu',
+    parser.add_argument('--backend', default=None,
                         choices=['pytorch-cpu', 'pytorch-cuda', 'tensorrt'],
-                        help='backend of the per-frame latency (backend_latency_ms; '
-                             'device-synchronised)')
+                        help='backend of the shipped detector\'s per-frame latency '
+                             '(backend_latency_ms; device-synchronised; default pytorch-cpu); '
+                             'an ONNX model runs on ONNX Runtime with --provider')
     parser.add_argument('--engine', default=None,
                         help='TensorRT engine from `uq build-engine` (backend tensorrt)')
     from uq_eval.detector.procedural_unknowns import (
@@ -403,18 +459,54 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(run=_run)
 
 
+def _open(args: argparse.Namespace) -> tuple[DetectorContract, DetectorContract,
+                                              LastLayerNTKGP, dict[str, Any]]:
+    """The detector, the detector its latency is measured on, its GP and its description.
+
+    Raises
+    ------
+    ValueError
+        On a bad model, adapter setting, GP artefact (another model's, or missing), a
+        backend named for an ONNX model, or procedural unknowns for other classes than the
+        simulator's.
+    """
+    from uq_eval.detector.procedural_unknowns import check_procedural_classes
+    from uq_eval.gp.fit_command import open_detector
+    from uq_perception.detectors.centernet import load_detector
+    from uq_perception.ntk import LastLayerNTKGP
+    from uq_perception.runtime.backends import create_backend
+
+    detector, info = open_detector(args)
+    if info['format'] == 'onnx' and (args.backend is not None or args.engine is not None):
+        raise ValueError('--backend and --engine choose the shipped detector\'s backend; an '
+                         'ONNX model runs on ONNX Runtime (choose its device with --provider)')
+    if args.procedural_unknowns:
+        check_procedural_classes(detector.class_names)
+    if not args.gp.is_file():
+        raise ValueError(f'GP artefact not found: {args.gp}')
+    gp = LastLayerNTKGP.load(args.gp, feature_dim=detector.feature_dim,
+                             class_names=detector.class_names, model_id=detector.model_id)
+    # The shipped model's own copy of the network on the latency backend (a GPU backend
+    # moves it), created before the metrics run so an unavailable backend fails first.
+    runner = detector if info['format'] == 'onnx' else create_backend(
+        args.backend or 'pytorch-cpu', load_detector(args.model), engine_path=args.engine)
+    return detector, runner, gp, info
+
+
 def _run(args: argparse.Namespace) -> int:
     from uq_eval.detector.procedural_unknowns import ood_summary
+    from uq_eval.gp.fit_command import _one_line
     from uq_perception.runtime.backends import BackendUnavailableError
+    from uq_perception.runtime.onnx_runtime import OnnxRuntimeUnavailableError
 
     try:
-        report = evaluate(args.model, args.gp, args.data, latency_runs=args.latency_runs,
-                          threads=args.threads, progress=not args.no_progress,
-                          backend=args.backend, engine=args.engine,
+        detector, runner, gp, info = _open(args)
+        report = evaluate(detector, gp, args.data, info, args.gp, latency_backend=runner,
+                          latency_runs=args.latency_runs, progress=not args.no_progress,
                           procedural_unknowns=args.procedural_unknowns,
                           procedural_seed=args.procedural_seed)
-    except BackendUnavailableError as exc:
-        print(f'uq eval detector: {exc}', file=sys.stderr)
+    except (ValueError, OSError, BackendUnavailableError, OnnxRuntimeUnavailableError) as exc:
+        print(f'uq eval detector: {_one_line(exc)}', file=sys.stderr)
         return 2
     print(epistemic_summary(report), file=sys.stderr)
     if 'procedural_unknowns' in report:

@@ -19,16 +19,35 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from uq_perception.detectors.centernet import CenterNetDetector
+    from uq_eval.gp.fitting import ObjectFeatures
+    from uq_perception.detectors.contract import DetectorContract
     from uq_perception.ntk import LastLayerNTKGP
     from uq_perception.training.detector_data import DetectionSplit
 
 from uq_perception.training.detection_scoring import (
+    AP_MAX_DETECTIONS,
+    AP_SCORE_THRESHOLD,
     OPERATING_MAX_DETECTIONS,
     OPERATING_THRESHOLD,
-    predict_split,
+    detect_split,
     rounded,
 )
+
+
+def check_procedural_classes(class_names: Sequence[str]) -> None:
+    """Procedural scenes hold the simulator's known classes; a detector of others is
+    refused.
+
+    Raises
+    ------
+    ValueError
+        Naming both lists.
+    """
+    from uq_sim.objects import KNOWN_CLASSES
+
+    if list(class_names) != list(KNOWN_CLASSES):
+        raise ValueError(f'procedural scenes hold the simulator\'s known classes '
+                         f'{list(KNOWN_CLASSES)}; the model has {list(class_names)}')
 
 
 def render_procedural_split(count: int, seed: int, input_size: tuple[int, int],
@@ -54,9 +73,7 @@ def render_procedural_split(count: int, seed: int, input_size: tuple[int, int],
                          f', got {count}')
     if seed < 0:
         raise ValueError(f'the procedural seed must be >= 0, got {seed}')
-    if list(class_names) != list(KNOWN_CLASSES):
-        raise ValueError(f'procedural scenes hold the simulator\'s known classes '
-                         f'{list(KNOWN_CLASSES)}; the model has {list(class_names)}')
+    check_procedural_classes(class_names)
     height, width = input_size
     images = np.empty((count, height, width, 3), dtype=np.uint8)
     boxes, labels, categories, flags = [], [], [], []
@@ -81,11 +98,16 @@ def render_procedural_split(count: int, seed: int, input_size: tuple[int, int],
         category_names={category_id(n): n for n in KNOWN_CLASSES + PROCEDURAL_CLASSES})
 
 
-def evaluate_procedural_unknowns(model: CenterNetDetector, gp: LastLayerNTKGP, count: int,
-                                 seed: int, score_threshold: float = OPERATING_THRESHOLD,
+def evaluate_procedural_unknowns(detector: DetectorContract, gp: LastLayerNTKGP, count: int,
+                                 seed: int, image_size: tuple[int, int],
+                                 score_threshold: float = OPERATING_THRESHOLD,
                                  max_detections: int = OPERATING_MAX_DETECTIONS,
-                                 progress: bool = False) -> dict[str, Any]:
-    """Recall, misses and known-vs-unknown AUROCs on ``count`` procedural objects.
+                                 progress: bool = False,
+                                 reference: ObjectFeatures | None = None) -> dict[str, Any]:
+    """Recall, misses, detection counts and known-vs-unknown AUROCs on ``count``
+    procedural objects rendered at ``image_size`` ``(height, width)``; with the
+    ``reference`` known objects of the post-hoc scores, every score of ``uq gp fit`` on the
+    same detections (``ood_scores``).
 
     Raises
     ------
@@ -95,19 +117,24 @@ def evaluate_procedural_unknowns(model: CenterNetDetector, gp: LastLayerNTKGP, c
     from uq_eval.detector.scoring import (
         UNCERTAINTY_SIGNALS,
         append_uncertainty_signals,
+        detected_objects,
         matched_objects,
+        ood_score_table,
         safe_auroc,
     )
     from uq_sim.objects import PROCEDURAL_CLASSES
 
-    split = render_procedural_split(count, seed, model.input_size, model.class_names,
+    split = render_procedural_split(count, seed, image_size, detector.class_names,
                                     progress=progress)
-    dets = predict_split(model, split, score_threshold, max_detections, progress=progress)
+    dets = detect_split(detector, split, score_threshold, max_detections, progress)
     found: dict[str, list[bool]] = {name: [] for name in PROCEDURAL_CLASSES}
     ignored = 0
     signals: dict[str, list[float]] = {name: [] for name in UNCERTAINTY_SIGNALS}
     is_unknown: list[bool] = []
     family: list[str] = []
+    embeddings: list[np.ndarray] = []
+    logits: list[np.ndarray] = []
+    matched_label: list[int] = []
     for i, det_index, obj_index in matched_objects(split, dets):
         unknown, hard = split.labels[i] < 0, split.hard(i)
         hit = np.zeros(len(hard), dtype=bool)
@@ -123,6 +150,9 @@ def evaluate_procedural_unknowns(model: CenterNetDetector, gp: LastLayerNTKGP, c
                                    dets[i].logits[det_index])
         is_unknown += unknown[obj_index].tolist()
         family += [split.category_names[int(c)] for c in split.category_ids[i][obj_index]]
+        embeddings.append(dets[i].embeddings[det_index])
+        logits.append(dets[i].logits[det_index])
+        matched_label += split.labels[i][obj_index].tolist()
     labels = np.array(is_unknown, dtype=bool)
     scored = [hit for hits in found.values() for hit in hits]
     gp_variance, family_array = np.array(signals['gp_variance']), np.array(family)
@@ -144,7 +174,14 @@ def evaluate_procedural_unknowns(model: CenterNetDetector, gp: LastLayerNTKGP, c
             name: safe_auroc(gp_variance[~labels | (family_array == name)],
                               labels[~labels | (family_array == name)])
             for name in PROCEDURAL_CLASSES},
+        'detected_objects': detected_objects(
+            split, detect_split(detector, split, AP_SCORE_THRESHOLD, AP_MAX_DETECTIONS,
+                                progress), dets),
     }
+    if reference is not None and labels.any() and (~labels).any():
+        result['ood_scores'] = ood_score_table(
+            gp, detector.class_activation, reference, np.concatenate(embeddings),
+            np.concatenate(logits), np.array(matched_label, dtype=np.int64))
     if gp.ood_threshold is not None and labels.size:
         flagged = gp_variance > gp.ood_threshold
         result['ood_flag_rate_known'] = rounded(float(flagged[~labels].mean())) \

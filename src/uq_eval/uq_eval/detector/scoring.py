@@ -1,6 +1,7 @@
 """Scoring shared by the detector evaluations (``uq eval detector``, ``uq eval detector-gp``,
-procedural unknowns): detections matched to annotated objects, uncertainty signals per
-detection, AUROCs that are undefined for one-class labels, and the JSON report."""
+procedural unknowns): detections matched to annotated objects, how many objects are
+detected, uncertainty signals per detection, AUROCs that are undefined for one-class
+labels, the table of every score beside the GP, and the JSON report."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from uq_perception.detectors.centernet import Detections
+    from uq_eval.gp.fitting import ObjectFeatures
+    from uq_perception.detectors.contract import Detections
     from uq_perception.ntk import LastLayerNTKGP
     from uq_perception.training.detector_data import DetectionSplit
 
@@ -63,6 +65,41 @@ def append_uncertainty_signals(signals: dict[str, list[float]], gp: LastLayerNTK
     signals['predictive_entropy'] += out.predictive_entropy.tolist()
     z = np.exp(logits - logits.max(axis=1, keepdims=True))
     signals['max_softmax'] += (1.0 - z.max(axis=1) / z.sum(axis=1)).tolist()
+
+
+def detected_objects(split: DetectionSplit, loose: Sequence[Detections],
+                     operating: Sequence[Detections]) -> dict[str, int]:
+    """Not-ignored known and unknown objects of ``split``, and how many of each a detection
+    matches (IoU >= 0.5): at all (``loose``: detections down to the AP threshold) and at
+    the node's operating point (``operating``)."""
+    counts = {f'{kind}{what}': 0 for kind in ('known', 'unknown')
+              for what in ('', '_detected', '_detected_at_operating_threshold')}
+    for i in range(len(split)):
+        counted, unknown = ~split.hard(i), split.labels[i] < 0
+        counts['known'] += int((counted & ~unknown).sum())
+        counts['unknown'] += int((counted & unknown).sum())
+    for what, detections in (('_detected', loose),
+                             ('_detected_at_operating_threshold', operating)):
+        for i, _, obj_index in matched_objects(split, detections):
+            unknown = split.labels[i][obj_index] < 0
+            counts[f'known{what}'] += int((~unknown).sum())
+            counts[f'unknown{what}'] += int(unknown.sum())
+    return counts
+
+
+def ood_score_table(gp: LastLayerNTKGP, activation: str, reference: ObjectFeatures,
+                    embeddings: np.ndarray, logits: np.ndarray, labels: np.ndarray
+                    ) -> list[dict[str, Any]]:
+    """AUROC and FPR95, unknown (``labels`` < 0) against known detections, of every score
+    ``uq gp fit`` reports (:func:`uq_eval.gp.fitting.ood_score_rows`), the feature-space
+    baselines fitted on the ``reference`` known objects."""
+    from uq_eval.gp.fitting import ObjectFeatures, ood_score_rows
+
+    unknown = labels < 0
+    return ood_score_rows(gp, activation, reference.features, reference.labels,
+                          ObjectFeatures(embeddings[~unknown], logits[~unknown],
+                                         labels[~unknown]),
+                          ObjectFeatures(embeddings[unknown], logits[unknown], labels[unknown]))
 
 
 def print_json_report(report: dict[str, Any], out: Path | None) -> None:

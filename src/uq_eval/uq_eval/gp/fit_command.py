@@ -55,9 +55,12 @@ _ADAPTER_OPTIONS = {
 }
 
 
-def add_detector_arguments(parser: argparse.ArgumentParser) -> None:
-    """The detector and how to run it: ``--model`` and the ONNX adapter's settings."""
-    parser.add_argument('--model', type=Path, required=True,
+def add_detector_arguments(parser: argparse.ArgumentParser,
+                           default_model: Path | None = None) -> None:
+    """The detector and how to run it: ``--model`` (required unless ``default_model``) and
+    the ONNX adapter's settings."""
+    parser.add_argument('--model', type=Path, required=default_model is None,
+                        default=default_model,
                         help='the detector: the shipped format (.pt) or an ONNX file')
     parser.add_argument('--model-format', default=AUTO_FORMAT,
                         choices=[AUTO_FORMAT, 'torch', 'onnx'],
@@ -114,7 +117,7 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Fit and calibrate the NTK-GP of a detector (.pt or .onnx) on a COCO dataset."""
-    from uq_eval.gp.fitting import TRANSFORM_CHOICES
+    from uq_eval.gp.fitting import MISSED_CHOICES, TRANSFORM_CHOICES
     from uq_perception.training.detection_scoring import AP_SCORE_THRESHOLD
 
     add_detector_arguments(parser)
@@ -132,12 +135,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              'centre_l2 (centre on the training mean, then L2-normalise to '
                              'radius sqrt(d)), l2, none; auto chooses on the data '
                              '(docs/gp_fit.md)')
+    parser.add_argument('--anchors-per-object', type=_anchors_argument, default=None,
+                        metavar='K', help='training points per found known object: 1, the '
+                        'detection matched to it; K > 1, its K best-scoring anchors or queries '
+                        'before NMS; auto (default): 1, 3 or 5, whichever gives the lowest '
+                        'validation NLL (docs/gp_fit.md)')
+    parser.add_argument('--missed-objects', default='auto', choices=MISSED_CHOICES,
+                        help='on: a known object no detection finds gives the features of the '
+                             'grid cells in its box (YOLO layout); auto: on when it lowers the '
+                             'validation NLL')
     parser.add_argument('--timing-images', type=non_negative_int, default=50,
                         help='validation images timed for the query cost (0: none)')
     parser.add_argument('--no-progress', action='store_true',
                         help='hide progress bars and step lines (the summary stays)')
     parser.set_defaults(run=run)
     parser.set_defaults(run=run)
+
+
+def _anchors_argument(text: str) -> int | None:
+    """argparse type of ``--anchors-per-object``: ``auto`` (None) or an integer 1..100."""
+    if text == 'auto':
+        return None
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected auto or a whole number, got {text!r}'
+                                         ) from None
+    if not 1 <= count <= 100:
+        raise argparse.ArgumentTypeError(f'must be auto or 1..100, got {count}')
+    return count
 
 
 def _one_line(exc: BaseException) -> str:
@@ -335,6 +361,11 @@ def _summary(out: Path, report_path: Path, report: dict[str, Any]) -> str:
                  + ', '.join(f'{e["log_evidence"]:.1f}' for e in gp['experts']))
     lines.append(f'  feature transform {gp["feature_transform"]["kind"]} '
                  f'({gp["feature_transform"]["rule"]})')
+    points = gp['training_points']
+    lines.append(f'  training points {points["train_points"]}: {points["anchors_per_object"]} '
+                 'per found object' + (f', {points["missed_points"]} from missed objects\' cells'
+                                       if points['missed_objects'] else '')
+                 + f' ({points["rule"]})')
     unknown = report['unknown']
     if unknown['auroc'] is not None:
         lines.append(f'  known-vs-unknown ({unknown["known_objects"]} known, '
@@ -374,7 +405,9 @@ def run(args: argparse.Namespace) -> int:
             detector, data['train'], data['train_roles'], data['val'], data['val_roles'],
             data['reference'], FitSettings(score_threshold=args.score_threshold,
                                            timing_images=args.timing_images, seed=args.seed,
-                                           feature_transform=args.feature_transform),
+                                           feature_transform=args.feature_transform,
+                                           anchors_per_object=args.anchors_per_object,
+                                           missed_objects=args.missed_objects),
             progress=progress, log=(lambda line: print(line, flush=True)) if progress
             else (lambda line: None))
         report = {

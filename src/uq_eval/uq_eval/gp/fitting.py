@@ -9,8 +9,11 @@ validation images:
    detection checked to satisfy ``logits = W phi + b``), matches the detections to the
    annotations (IoU >= 0.5, greedily by score, as detection AP does) and keeps, for every
    annotated object a detection finds, that detection's features ``phi`` and logits: the
-   inputs the GP is queried with on the robot. A contract detector gives features only at
-   its detections, so objects none finds are counted, not used.
+   inputs the GP is queried with on the robot. Where the detector gives its candidates
+   before NMS (the ONNX adapter), the training objects may also give more points
+   (:func:`choose_training_points`): more anchors per found object, and the grid cells in
+   the box of an object no detection finds; otherwise objects none finds are counted, not
+   used.
 2. It fits the GP exactly as ``uq train`` fits the shipped one
    (:func:`uq_perception.training.train.fit_gp`): the gating chosen on held-out validation NLL
    (a multi-scale head gates by scale, :mod:`uq_perception.ntk.scale_gating`),
@@ -37,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from uq_perception.detectors.contract import DetectorContract, check_linear_head
+from uq_perception.detectors.contract import Candidates, DetectorContract, check_linear_head
 from uq_perception.training.coco_data import CategoryRole, CocoImage, read_image
 from uq_perception.training.detection_scoring import (
     AP_MAX_DETECTIONS,
@@ -63,6 +66,12 @@ MIN_UNKNOWN_FOR_CHOICE = 10
 #: Features whose norms vary less than this (coefficient of variation) were normalised
 #: by the network itself, as the shipped CenterNet's are.
 NORMALISED_NORM_SPREAD = 0.01
+#: Anchors per object that ``auto`` compares (1: the matched detection alone).
+ANCHOR_CHOICES = (1, 3, 5)
+#: Choices of ``missed_objects``: features read in the boxes of objects no detection finds.
+MISSED_CHOICES = ('auto', 'on', 'off')
+#: Where a training point comes from (:attr:`ObjectFeatures.source`).
+SOURCE_MATCHED, SOURCE_ANCHOR, SOURCE_MISSED = 0, 1, 2
 
 
 def _log(message: str) -> None:
@@ -89,6 +98,15 @@ class FitSettings:
     feature_transform : str
         The kernel's feature transform (:mod:`uq_perception.ntk.feature_transform`):
         ``centre_l2``, ``l2``, ``none``, or ``auto`` (:func:`choose_feature_transform`).
+    anchors_per_object : int | None
+        Training points per found known object: 1, the detection matched to it after NMS;
+        k > 1, the k highest-scoring anchors or queries matched to it before NMS; ``None``:
+        chosen among :data:`ANCHOR_CHOICES` on validation NLL
+        (:func:`choose_training_points`).
+    missed_objects : str
+        ``on``: a known object no detection finds gives the features of the grid cells in
+        its box at its assigned scale (grid heads only); ``off``: it gives none; ``auto``:
+        chosen on validation NLL.
     """
 
     score_threshold: float = AP_SCORE_THRESHOLD
@@ -98,8 +116,16 @@ class FitSettings:
     timing_images: int = 50
     seed: int = 0
     feature_transform: str = 'auto'
+    anchors_per_object: int | None = None
+    missed_objects: str = 'auto'
 
     def __post_init__(self) -> None:
+        if self.anchors_per_object is not None and not 1 <= self.anchors_per_object <= 100:
+            raise ValueError(f'anchors_per_object must be in 1..100, got '
+                             f'{self.anchors_per_object}')
+        if self.missed_objects not in MISSED_CHOICES:
+            raise ValueError(f'missed_objects must be one of {", ".join(MISSED_CHOICES)}, got '
+                             f'{self.missed_objects!r}')
         if self.feature_transform not in TRANSFORM_CHOICES:
             raise ValueError(f'feature_transform must be one of {", ".join(TRANSFORM_CHOICES)}, '
                              f'got {self.feature_transform!r}')
@@ -127,12 +153,15 @@ class Tally:
     unknown_found: int = 0
     # Detections whose phi or logits are not finite: dropped, never fitted.
     non_finite: int = 0
+    # Known objects no detection finds whose box gave grid-cell features.
+    missed_read: int = 0
 
     def to_meta(self) -> dict[str, Any]:
         """JSON-ready counts (the per-class ones are in the report's class balance)."""
         return {'images': self.images, 'detections': self.detections,
                 'known': {'annotated': sum(self.annotated.values()),
-                          'found': sum(self.found.values())},
+                          'found': sum(self.found.values()),
+                          'missed_read_in_box': self.missed_read},
                 'unknown': {'annotated': self.unknown_annotated, 'found': self.unknown_found},
                 'non_finite_detections': self.non_finite}
 
@@ -149,22 +178,51 @@ class ObjectFeatures:
         ``(N, C)`` float32 its class logits.
     labels : np.ndarray
         ``(N,)`` int64 class index, -1 for unknown objects.
+    source, rank : np.ndarray | None
+        ``(N,)`` where each point comes from (:data:`SOURCE_MATCHED`: the detection matched
+        to the object; :data:`SOURCE_ANCHOR`: an anchor matched to it before NMS;
+        :data:`SOURCE_MISSED`: a grid cell in the box of an object no detection finds) and
+        its rank among its object's points of that source (1: first); ``None``: all matched.
     """
 
     features: np.ndarray
     logits: np.ndarray
     labels: np.ndarray
+    source: np.ndarray | None = None
+    rank: np.ndarray | None = None
 
     @property
     def known(self) -> np.ndarray:
         """``(N,)`` bool: objects of one of the detector's classes."""
         return self.labels >= 0
 
+    def points(self, anchors_per_object: int = 1, missed_objects: bool = False
+               ) -> np.ndarray:
+        """``(N,)`` bool: the points of ``anchors_per_object`` anchors per found object
+        (1: its matched detection) and, with ``missed_objects``, as many cells per missed
+        one."""
+        if self.source is None or self.rank is None:
+            return np.ones(len(self.labels), bool)
+        found = self.source == SOURCE_MATCHED if anchors_per_object == 1 else \
+            (self.source == SOURCE_ANCHOR) & (self.rank <= anchors_per_object)
+        missed = (self.source == SOURCE_MISSED) & (self.rank <= anchors_per_object)
+        return found | (missed if missed_objects else np.zeros_like(missed))
+
+    def subset(self, mask: np.ndarray) -> ObjectFeatures:
+        """The points where ``mask`` is true, all counted as matched."""
+        return ObjectFeatures(self.features[mask], self.logits[mask], self.labels[mask])
+
 
 def collect_objects(detector: DetectorContract, images: Sequence[CocoImage], roles: Roles,
                     settings: FitSettings = FitSettings(), progress: bool = False,
-                    description: str = 'detections') -> tuple[ObjectFeatures, Tally]:
+                    description: str = 'detections', extra_points: int = 0,
+                    missed_cells: bool = False) -> tuple[ObjectFeatures, Tally]:
     """Run ``detector`` over ``images`` and keep the features of every object found.
+
+    With ``extra_points`` > 0 and a detector that gives its candidates before NMS
+    (:meth:`DetectorContract.candidates`), each known object also gives up to that many
+    more points (:func:`candidate_points`): the highest-scoring anchors matched to it, or,
+    with ``missed_cells``, when no detection finds it, the grid cells in its box.
 
     Raises
     ------
@@ -181,10 +239,10 @@ def collect_objects(detector: DetectorContract, images: Sequence[CocoImage], rol
     names = detector.class_names
     tally = Tally(images=len(images), annotated=dict.fromkeys(names, 0),
                   found=dict.fromkeys(names, 0))
-    features, logits, labels = [], [], []
+    features, logits, labels, source, rank = [], [], [], [], []
     for image in tqdm(images, desc=description, unit='image', disable=not progress):
-        detections = detector.infer(read_image(image), settings.score_threshold,
-                                    settings.max_detections)
+        rgb = read_image(image)
+        detections = detector.infer(rgb, settings.score_threshold, settings.max_detections)
         finite = np.isfinite(detections.embeddings).all(axis=1) & np.isfinite(
             detections.logits).all(axis=1)
         tally.detections += len(detections)
@@ -213,11 +271,81 @@ def collect_objects(detector: DetectorContract, images: Sequence[CocoImage], rol
                 features.append(detections.embeddings[det])
                 logits.append(detections.logits[det])
                 labels.append(index)
+                source.append(SOURCE_MATCHED)
+                rank.append(1)
+        candidates = detector.candidates(rgb) if extra_points > 0 else None
+        if candidates is None:
+            continue
+        known = [int(obj) for obj in np.flatnonzero(counted)
+                 if role[obj][0] is CategoryRole.CLASS]
+        for target, origin, rows in candidate_points(candidates, image.boxes, image.crowd,
+                                                     known, set(found_by), extra_points,
+                                                     settings):
+            if origin == SOURCE_MISSED and not missed_cells:
+                continue
+            tally.missed_read += origin == SOURCE_MISSED
+            for place, row in enumerate(rows, start=1):
+                features.append(candidates.embeddings[row])
+                logits.append(candidates.logits[row])
+                labels.append(role[target][1])
+                source.append(origin)
+                rank.append(place)
     d, c = detector.feature_dim, detector.num_classes
     return ObjectFeatures(
         np.asarray(features, np.float32).reshape(-1, d),
         np.asarray(logits, np.float32).reshape(-1, c),
-        np.asarray(labels, np.int64).reshape(-1)), tally
+        np.asarray(labels, np.int64).reshape(-1), np.asarray(source, np.int64).reshape(-1),
+        np.asarray(rank, np.int64).reshape(-1)), tally
+
+
+def candidate_points(candidates: Candidates, boxes: np.ndarray, crowd: np.ndarray,
+                     known: Sequence[int], found: set[int], count: int,
+                     settings: FitSettings) -> list[tuple[int, int, np.ndarray]]:
+    """The extra training points of one image's ``known`` objects, as ``(object, source,
+    candidate rows best first)``.
+
+    - A found object: the ``count`` highest-scoring candidates (score >= the settings'
+      threshold) whose box overlaps it at IoU >= the settings' threshold more than any
+      other annotated object (:data:`SOURCE_ANCHOR`).
+    - An object no detection finds, on a grid head: the candidates whose cell centre lies
+      in its box at its assigned scale, the scale of the in-box cell whose box overlaps it
+      most; the ``count`` that overlap it most (:data:`SOURCE_MISSED`).
+    """
+    from uq_perception.training.detection_metrics import box_iou
+
+    usable = np.isfinite(candidates.boxes).all(axis=1) & np.isfinite(
+        candidates.embeddings).all(axis=1) & np.isfinite(candidates.logits).all(axis=1)
+    usable &= (candidates.boxes[:, 2:] >= 0).all(axis=1)
+    rows = np.flatnonzero(usable)
+    single = np.flatnonzero(~crowd)
+    if not rows.size or not single.size:
+        return []
+    iou = box_iou(candidates.boxes[rows], boxes[single])
+    owner = single[np.argmax(iou, axis=1)]
+    best = iou.max(axis=1)
+    column = {int(obj): k for k, obj in enumerate(single)}
+    out = []
+    for obj in known:
+        if obj in found:
+            mine = rows[(owner == obj) & (best >= settings.iou_threshold)
+                        & (candidates.scores[rows] >= settings.score_threshold)]
+            if mine.size:
+                order = np.argsort(-candidates.scores[mine], kind='stable')
+                out.append((obj, SOURCE_ANCHOR, mine[order][:count]))
+            continue
+        if candidates.cells is None or candidates.scale is None:
+            continue
+        cx, cy, w, h = boxes[obj]
+        cells = candidates.cells[rows]
+        inside = (np.abs(cells[:, 0] - cx) <= w / 2) & (np.abs(cells[:, 1] - cy) <= h / 2)
+        if not inside.any():
+            continue
+        overlap = iou[:, column[obj]]
+        assigned = candidates.scale[rows][inside][np.argmax(overlap[inside])]
+        mine = np.flatnonzero(inside & (candidates.scale[rows] == assigned))
+        order = np.argsort(-overlap[mine], kind='stable')
+        out.append((obj, SOURCE_MISSED, rows[mine[order][:count]]))
+    return out
 
 
 def measure_query_cost(detector: DetectorContract, gp: LastLayerNTKGP,
@@ -321,8 +449,13 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
                          f'{len(val_images)}')
     names = detector.class_names
     started = time.perf_counter()
-    train, train_tally = collect_objects(detector, train_images, train_roles, settings,
-                                         progress, 'detections train')
+    extra, grid = extra_points_available(detector, settings)
+    collected, train_tally = collect_objects(detector, train_images, train_roles, settings,
+                                             progress, 'detections train', extra,
+                                             grid and settings.missed_objects != 'off')
+    # The detections matched to objects, as before any extra point: the GP's validation,
+    # its transform choice and the post-hoc scores' reference.
+    train = collected.subset(collected.points())
     val, val_tally = collect_objects(detector, val_images, val_roles, settings, progress,
                                      'detections val')
     for split, objects, tally, least in (('training', train, train_tally, MIN_TRAIN_OBJECTS),
@@ -347,11 +480,13 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
     by_scale: dict[str, Any] = {'candidates': (('scale', 0),), 'scale_blocks': blocks} \
         if len(blocks) > 1 else {}
 
-    def fit_with(kind: str) -> tuple[LastLayerNTKGP, list[Any]]:
+    def fit_with(kind: str, points: ObjectFeatures | None = None
+                 ) -> tuple[LastLayerNTKGP, list[Any]]:
+        fitted_on = points if points is not None else train.subset(train_known)
         transform = None if kind == 'none' else FeatureTransform.fitted(
-            train.features[train_known], blocks, centre=kind == 'centre_l2')
+            fitted_on.features, blocks, centre=kind == 'centre_l2')
         return fit_gp(detector.head(), names, detector.model_id,
-                      train.features[train_known], train.labels[train_known],
+                      fitted_on.features, fitted_on.labels,
                       val.features[val_known], val.labels[val_known], seed=settings.seed,
                       log=log, reference_split=reference_split, feature_transform=transform,
                       **by_scale)
@@ -359,9 +494,12 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
     transform_choice = choose_feature_transform(
         settings.feature_transform, train.features[train_known], val.features[val_known],
         unknown.features, fit_with, log)
-    gp, candidates = transform_choice.pop('fitted')
+    points_choice = choose_training_points(
+        settings, collected, extra > 0, grid, transform_choice.pop('fitted'),
+        lambda points: fit_with(transform_choice['kind'], points), log)
+    (gp, candidates), fitted_on = points_choice.pop('fitted')
     # Never written silently: the node would publish flags and scores decided by round-off.
-    check_variance_spread(gp.gp_variance(val.features[val_known]), gp, int(train_known.sum()))
+    check_variance_spread(gp.gp_variance(val.features[val_known]), gp, len(fitted_on.labels))
     signal_choice = choose_score_signal(gp, val.features[val_known], val.logits[val_known],
                                         unknown, reference_split, detector.class_activation,
                                         log)
@@ -370,8 +508,7 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
         raise RuntimeError('the GP fit left no calibrated-score reference')
     val_variance = gp.gp_variance(val.features[val_known])
     threshold = float(gp.ood_threshold) if gp.ood_threshold is not None else math.inf
-    experts = np.bincount(gp.predict(train.features[train_known]).expert_id,
-                          minlength=gp.num_experts)
+    experts = np.bincount(gp.predict(fitted_on.features).expert_id, minlength=gp.num_experts)
     unknown_variance = gp.gp_variance(unknown.features)
     unknown_report: dict[str, Any] = {
         'objects': int(unknown_variance.size),
@@ -420,6 +557,7 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
                 for count, threshold, own in zip(gp.scale_gating.validation_counts,
                                                  gp.scale_gating.ood_thresholds,
                                                  gp.scale_gating.references, strict=True)],
+            'training_points': points_choice,
             'score_signal': signal_choice,
             'probit_lambda': gp.probit_lambda, 'temperature': gp.temperature,
             'ood_quantile': gp.config.ood_quantile, 'ood_threshold': gp.ood_threshold,
@@ -436,13 +574,98 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
         'settings': {'score_threshold': settings.score_threshold,
                      'max_detections': settings.max_detections,
                      'iou_threshold': settings.iou_threshold, 'min_side': settings.min_side,
-                     'seed': settings.seed, 'feature_transform': settings.feature_transform},
+                     'seed': settings.seed, 'feature_transform': settings.feature_transform,
+                     'anchors_per_object': settings.anchors_per_object,
+                     'missed_objects': settings.missed_objects},
         'fit_seconds': round(fit_seconds, 1),
     }
     log(f'NTK-GP {gp.config.gating.value} x{gp.num_experts}: OOD threshold '
         f'{gp.ood_threshold:.4g} (the {gp.config.ood_quantile:.0%} quantile of '
         f'{val_variance.size} validation objects\' GP variance)')
     return gp, report
+
+
+def extra_points_available(detector: DetectorContract, settings: FitSettings
+                           ) -> tuple[int, bool]:
+    """How many extra points per object to collect (0: none) and whether the detector's
+    candidates lie on a grid (missed objects' cells can be read).
+
+    Raises
+    ------
+    ValueError
+        When the settings ask for anchors before NMS or missed objects' cells and the
+        detector cannot give them.
+    """
+    wanted = settings.anchors_per_object != 1 or settings.missed_objects != 'off'
+    if not wanted:
+        return 0, False
+    height, width = detector.input_size
+    probe = detector.candidates(np.zeros((height, width, 3), np.uint8))
+    if probe is None:
+        if settings.anchors_per_object not in (None, 1) or settings.missed_objects == 'on':
+            raise ValueError(f'{detector.backend_name} gives no candidates before NMS: set '
+                             '--anchors-per-object 1 and --missed-objects off')
+        return 0, False
+    grid = probe.cells is not None
+    if settings.missed_objects == 'on' and not grid:
+        raise ValueError('--missed-objects on reads grid cells; this detector\'s head has no '
+                         'grid (set prediction): set --missed-objects off')
+    count = max(ANCHOR_CHOICES) if settings.anchors_per_object is None \
+        else settings.anchors_per_object
+    return count, grid
+
+
+def choose_training_points(settings: FitSettings, collected: ObjectFeatures, extra: bool,
+                           grid: bool, matched_fit: tuple[Any, Any],
+                           fit_with: Callable[[ObjectFeatures], tuple[Any, Any]],
+                           log: Callable[[str], None] = _log) -> dict[str, Any]:
+    """Choose the GP's training points: anchors per found object and whether missed
+    objects give their cells (:meth:`ObjectFeatures.points`), and say why.
+
+    Settings named are used as named; ``auto`` ones are chosen on validation: the option
+    whose fit has the lowest held-out validation NLL (the gating choice's, on the known
+    validation objects' matched detections, the node's view), ties to the fewer points.
+    ``matched_fit`` is the fit on the matched detections alone (1 anchor, no missed
+    objects). Returns the record, with ``(fit, points)`` under ``fitted``.
+    """
+    known = collected.known
+    anchors = [settings.anchors_per_object] if settings.anchors_per_object is not None \
+        else list(ANCHOR_CHOICES) if extra else [1]
+    missed = [settings.missed_objects == 'on'] if settings.missed_objects != 'auto' \
+        else [False, True] if grid else [False]
+    options = [(k, m) for m in missed for k in anchors]
+    fits: dict[tuple[int, bool], tuple[Any, ObjectFeatures]] = {}
+    for k, m in options:
+        points = collected.subset(collected.points(k, m) & known)
+        fits[(k, m)] = (matched_fit if (k, m) == (1, False) else fit_with(points), points)
+    record: dict[str, Any] = {'setting': {'anchors_per_object': settings.anchors_per_object,
+                                          'missed_objects': settings.missed_objects}}
+    if len(options) == 1:
+        chosen = options[0]
+        record['rule'] = 'named'
+    else:
+        nll = {option: min(c.validation_nll for c in fits[option][0][1])
+               for option in options}
+        chosen = min(options, key=lambda o: (nll[o], len(fits[o][1].labels)))
+        record['rule'] = 'lowest held-out validation NLL'
+        record['validation_nll'] = [
+            {'anchors_per_object': k, 'missed_objects': m, 'train_points':
+             len(fits[(k, m)][1].labels), 'validation_nll': round(float(nll[(k, m)]), 5)}
+            for k, m in options]
+        log('training points: ' + ', '.join(
+            f'{k} anchor(s){" + missed" if m else ""} NLL {nll[(k, m)]:.5f} '
+            f'({len(fits[(k, m)][1].labels)} points)' for k, m in options))
+    k, m = chosen
+    record.update(anchors_per_object=k, missed_objects=m,
+                  train_points=len(fits[chosen][1].labels),
+                  missed_points=int(((collected.source == SOURCE_MISSED)
+                                     & collected.points(k, m)).sum())
+                  if collected.source is not None else 0)
+    log(f'training points chosen: {k} per found object'
+        + (', cells of missed objects' if m else '') + f' ({record["train_points"]} points, '
+        f'{record["rule"]})')
+    record['fitted'] = fits[chosen]
+    return record
 
 
 def choose_feature_transform(setting: str, train_features: np.ndarray,

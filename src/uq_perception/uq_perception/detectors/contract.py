@@ -55,6 +55,34 @@ class Detections:
 
 
 @dataclass(frozen=True)
+class Candidates:
+    """Every anchor or query of one image before the score threshold and NMS, in the
+    original image's pixel coordinates: what a GP fit may read beyond the kept detections.
+
+    Attributes
+    ----------
+    boxes, scores, embeddings, logits : np.ndarray
+        As in :class:`Detections`, one row per anchor or query, in the network's order.
+    cells : np.ndarray | None
+        ``(N, 2)`` float32 ``x, y`` centre of each anchor's grid cell; ``None`` for a
+        head without a grid (set prediction).
+    scale : np.ndarray | None
+        ``(N,)`` int64 index of the scale (feature map) of each anchor; ``None`` without a
+        grid.
+    """
+
+    boxes: np.ndarray
+    scores: np.ndarray
+    embeddings: np.ndarray
+    logits: np.ndarray
+    cells: np.ndarray | None = None
+    scale: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return int(self.scores.shape[0])
+
+
+@dataclass(frozen=True)
 class LinearHead:
     """The classification head ``logits = weight @ phi + bias``.
 
@@ -162,6 +190,17 @@ class DetectorContract(abc.ABC):
         ValueError
             If the image is not an ``(H, W, 3)`` uint8 array.
         """
+
+    def candidates(self, image_rgb: np.ndarray) -> Candidates | None:
+        """Every anchor or query of one image before the score threshold and NMS, where the
+        detector can give them (the ONNX adapter); ``None`` otherwise.
+
+        Raises
+        ------
+        ValueError
+            If the image is not an ``(H, W, 3)`` uint8 array.
+        """
+        return None
 
     @property
     def feature_dim(self) -> int:

@@ -26,6 +26,7 @@ import numpy as np
 
 from uq_common.str_enum import StrEnum
 from uq_perception.detectors.contract import (
+    Candidates,
     Detections,
     DetectorContract,
     LinearHead,
@@ -504,6 +505,36 @@ class OnnxDetector(DetectorContract):
         values = self._runner.run({self._input_name: x}, self._outputs)
         return self._decode(values, transform, image_rgb.shape[:2], score_threshold,
                             max_detections)
+
+    def candidates(self, image_rgb: np.ndarray) -> Candidates:
+        x, transform = prepare_input(image_rgb, self._input_size, self.config,
+                                     self._input_dtype)
+        values = self._runner.run({self._input_name: x}, self._outputs)
+        features, logits, raw_boxes = self._candidates(values)
+        scores = activate(logits, self.score_activation).max(axis=1)
+        height, width = image_rgb.shape[:2]
+        xyxy = transform.to_image(to_xyxy(raw_boxes, self.box_format, self._input_size))
+        xyxy[:, [0, 2]] = np.clip(xyxy[:, [0, 2]], 0.0, width)
+        xyxy[:, [1, 3]] = np.clip(xyxy[:, [1, 3]], 0.0, height)
+        boxes = np.stack([(xyxy[:, 0] + xyxy[:, 2]) / 2, (xyxy[:, 1] + xyxy[:, 3]) / 2,
+                          xyxy[:, 2] - xyxy[:, 0], xyxy[:, 3] - xyxy[:, 1]], axis=1)
+        cells = scale = None
+        if all(node.op_type == 'Conv' for node in self.tap.nodes):
+            # Grid heads: cells row-major per feature map, maps in the order of the anchors.
+            in_h, in_w = self._input_size
+            centres, scales = [], []
+            for index, node in enumerate(self.tap.nodes):
+                rows, cols = np.asarray(values[node.feature_tensor]).shape[2:]
+                y, x = np.meshgrid((np.arange(rows) + 0.5) * in_h / rows,
+                                   (np.arange(cols) + 0.5) * in_w / cols, indexing='ij')
+                centres.append(np.stack([x.ravel(), y.ravel(), x.ravel(), y.ravel()], 1))
+                scales.append(np.full(rows * cols, index, np.int64))
+            if sum(len(c) for c in centres) == len(features):  # one anchor per cell
+                cells = transform.to_image(np.concatenate(centres))[:, :2].astype(np.float32)
+                scale = np.concatenate(scales)
+        return Candidates(boxes.astype(np.float32), scores.astype(np.float32),
+                          np.ascontiguousarray(features, np.float32),
+                          np.ascontiguousarray(logits, np.float32), cells, scale)
 
     # --- decoding ------------------------------------------------------------------
     def _probe_input(self) -> np.ndarray:

@@ -12,6 +12,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from uq_perception.detectors.centernet import CenterNetDetector, Detections
+    from uq_perception.detectors.contract import DetectorContract
     from uq_perception.ntk import LastLayerNTKGP
     from uq_perception.training.detector_data import DetectionSplit
 
@@ -46,9 +47,24 @@ def predict_split(model: CenterNetDetector, split: DetectionSplit, score_thresho
     return result
 
 
-def _class_probabilities(dets: Detections, gp: LastLayerNTKGP | None) -> np.ndarray:
+def detect_split(detector: DetectorContract, split: DetectionSplit, score_threshold: float,
+                 max_detections: int, progress: bool = False) -> list[Detections]:
+    """Run a contract detector over every image of a split, one frame at a time as on the
+    robot (:meth:`~uq_perception.detectors.contract.DetectorContract.infer`: the detector
+    resizes each image itself; boxes come back in the split's pixels)."""
+    from tqdm import tqdm
+
+    return [detector.infer(image, score_threshold, max_detections)
+            for image in tqdm(split.images, desc=f'detect {split.name}', unit='image',
+                              disable=not progress)]
+
+
+def _class_probabilities(dets: Detections, gp: LastLayerNTKGP | None,
+                         activation: str = 'softmax') -> np.ndarray:
     if gp is not None:
         return gp.predict(dets.embeddings, dets.logits).probabilities
+    if activation == 'sigmoid':
+        return 0.5 * (1.0 + np.tanh(0.5 * np.asarray(dets.logits, np.float64)))
     z = dets.logits - dets.logits.max(axis=1, keepdims=True)
     e = np.exp(z)
     return e / e.sum(axis=1, keepdims=True)
@@ -56,8 +72,10 @@ def _class_probabilities(dets: Detections, gp: LastLayerNTKGP | None) -> np.ndar
 
 def average_precision_per_class(split: DetectionSplit, detections: Sequence[Detections],
                                 gp: LastLayerNTKGP | None = None,
-                                ignore_hard: bool = True) -> dict[str, float]:
-    """AP@0.5 of every known class over a split (see the module docstring)."""
+                                ignore_hard: bool = True,
+                                activation: str = 'softmax') -> dict[str, float]:
+    """AP@0.5 of every known class over a split (see the module docstring); without ``gp``
+    the class probabilities are the logits' ``activation`` (``softmax`` or ``sigmoid``)."""
     from uq_perception.training.detection_metrics import average_precision, match_detections
 
     num_classes = len(split.class_names)
@@ -65,7 +83,8 @@ def average_precision_per_class(split: DetectionSplit, detections: Sequence[Dete
     hits: list[list[bool]] = [[] for _ in range(num_classes)]
     num_gt = np.zeros(num_classes, dtype=np.int64)
     for i, dets in enumerate(detections):
-        probs = _class_probabilities(dets, gp) if len(dets) else np.zeros((0, num_classes))
+        probs = _class_probabilities(dets, gp, activation) if len(dets) else np.zeros(
+            (0, num_classes))
         predicted = probs.argmax(axis=1)
         confidence = dets.scores * probs.max(axis=1) if len(dets) else np.zeros(0)
         hard = split.hard(i) if ignore_hard else np.zeros(len(split.boxes[i]), dtype=bool)
@@ -91,8 +110,18 @@ def evaluate_detection(model: CenterNetDetector, split: DetectionSplit,
     """AP@0.5 per class and mean, with and without ignoring hard objects."""
     detections = predict_split(model, split, AP_SCORE_THRESHOLD, AP_MAX_DETECTIONS,
                                progress=progress)
-    per_class = average_precision_per_class(split, detections, gp, ignore_hard=True)
-    all_objects = average_precision_per_class(split, detections, gp, ignore_hard=False)
+    return detection_report(split, detections, gp)
+
+
+def detection_report(split: DetectionSplit, detections: Sequence[Detections],
+                     gp: LastLayerNTKGP | None = None, activation: str = 'softmax'
+                     ) -> dict[str, Any]:
+    """:func:`evaluate_detection`'s report of detections already made (at
+    :data:`AP_SCORE_THRESHOLD`, at most :data:`AP_MAX_DETECTIONS` per image)."""
+    per_class = average_precision_per_class(split, detections, gp, ignore_hard=True,
+                                            activation=activation)
+    all_objects = average_precision_per_class(split, detections, gp, ignore_hard=False,
+                                              activation=activation)
     return {
         'ap50_mean': nanmean_or_none(per_class.values()),
         'ap50_per_class': {k: rounded(v) for k, v in per_class.items()},
