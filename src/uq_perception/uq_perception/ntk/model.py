@@ -112,10 +112,9 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from uq_perception.ntk.box_calibration import BoxCalibration
 from uq_perception.ntk.calibrated_score import (
@@ -142,8 +141,11 @@ from uq_perception.ntk.evidence import (
 from uq_perception.ntk.feature_transform import FeatureTransform
 from uq_perception.ntk.gating import kmeans, nearest_centroid
 from uq_perception.ntk.linalg import check_matrix, spd_inverse
-from uq_perception.ntk.persistence import read_state, write_state
+from uq_perception.ntk.persistence import arrays_digest, read_state, write_state
 from uq_perception.ntk.predictive import antithetic_normal_draws, summarise_gaussian_logits
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -466,6 +468,8 @@ class LastLayerNTKGP:
         return chained()
 
     def _accumulate(self, chunks: Iterable[tuple[np.ndarray, np.ndarray | None]]) -> None:
+        import torch  # here: fitting needs it, a query of a loaded GP does not
+
         m, p, c = self.num_experts, self.feature_dim + 1, self.num_classes
         d = p - 1
         gram = torch.zeros(m, p, p, dtype=torch.float64)
@@ -865,6 +869,19 @@ class LastLayerNTKGP:
 
     # ------------------------------------------------------------------ export
 
+    def query_digest(self) -> str:
+        """SHA-256 of everything the variance query reads (covariances, gating, feature
+        transform): two GPs with the same digest give the same variance for every input."""
+        with self._lock:
+            self._require_fitted()
+            arrays = {'covariance': self._covariance, 'centroids': self._centroids,
+                      'gating': np.array([self.config.gating.value == 'class'])}
+            if self.feature_transform is not None:
+                arrays['feature_transform'] = np.frombuffer(
+                    repr(self.feature_transform.to_meta()).encode(), np.uint8)
+                arrays['feature_transform_means'] = self.feature_transform.means_array()
+            return arrays_digest(arrays)
+
     def gp_tensors(self) -> dict[str, torch.Tensor]:
         """float32 ``centroids (M, D)`` and ``precision_inverse (M, D+1, D+1)`` tensors."""
         with self._lock:
@@ -873,6 +890,8 @@ class LastLayerNTKGP:
                 raise ValueError('the in-graph GP query does not apply a feature transform: '
                                  'query this GP on the host (the CUDA graph runs the shipped '
                                  'CenterNet, whose GP has none)')
+            import torch  # here: only the in-graph query uses it
+
             return {'centroids': torch.tensor(self._centroids, dtype=torch.float32),
                     'precision_inverse': torch.tensor(self._covariance, dtype=torch.float32)}
 

@@ -3,8 +3,12 @@ and the traceable torch query."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 def antithetic_normal_draws(num: int, dim: int, seed: int) -> np.ndarray:
@@ -101,6 +105,8 @@ def gp_variance_torch(features: torch.Tensor, centroids: torch.Tensor,
     class, which the caller computes from the logits). No data-dependent Python control
     flow, so ``torch.jit.trace`` / export keep the GP matrices as runtime inputs.
     """
+    import torch  # here: only the traced and CUDA queries use it
+
     if expert_id is None:
         distance = (centroids * centroids).sum(1) - 2.0 * features @ centroids.T
         expert_id = distance.argmin(1)
