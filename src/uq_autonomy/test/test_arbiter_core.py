@@ -534,7 +534,7 @@ def _outage(cfg: ArbiterConfig, u_before: float = 0.01) -> tuple[Arbiter, float]
 
 
 def _frames(arbiter: Arbiter, start: float, stop: float, u: float,
-            model: ModelRange = MODEL, period: float = 1 / 15) -> list:
+            model: ModelRange | None = MODEL, period: float = 1 / 15) -> list:
     steps, t = [], start
     while t <= stop + 1e-9:
         steps.append(arbiter.observe(t, [det(u)], 2, model=model))
@@ -599,6 +599,18 @@ def test_the_fail_safe_still_holds_during_and_after_a_restore():
     arbiter.step(last + 2.0)  # lost under the override
     arbiter.set_override(last + 2.1, -1, 0.0)
     steps = _frames(arbiter, last + 2.2, last + 2.8, 0.01)
+    assert all(s.state.level == Level.TELEOPERATION for s in steps)
+
+
+def test_a_reset_forgets_the_level_held_before():
+    arbiter = Arbiter(config(**RESTORE), 0.0)
+    t = 0.0
+    while arbiter.level != Level.ASSISTANCE:  # frames without model figures
+        t += 0.1
+        arbiter.observe(t, [det(0.01)], 2)
+    step = arbiter.reset(t + 0.05, 'clock jumped back')
+    assert step.state.level == Level.TELEOPERATION
+    steps = _frames(arbiter, t + 0.1, t + 0.9, 0.01, model=None)
     assert all(s.state.level == Level.TELEOPERATION for s in steps)
 
 

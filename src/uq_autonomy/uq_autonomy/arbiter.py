@@ -381,6 +381,7 @@ class Arbiter:
         self._frame = None
         self._perception = Perception(False, math.nan, reason)
         self._perception_time = None
+        self._last_usable = None
         self._up_since = None
         self._outage = None
         return self.step(now)
