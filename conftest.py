@@ -33,19 +33,23 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _export_shipped_model(cache: Path) -> None:
-    """Build (or check) the cached ONNX export of the shipped model, so that detector nodes
-    started by the tests find it; without the workspace's packages there is nothing to do,
-    and an export that cannot run leaves the nodes to fall back to pytorch-cpu, as they do."""
+    """Build (or check) the cached ONNX export of the shipped model with the shipped GP, as
+    a detector node's start does (which records the check), so that detector nodes started
+    by the tests find it and start from it; without the workspace's packages there is
+    nothing to do, and an export that cannot run leaves the nodes to fall back to
+    pytorch-cpu, as they do."""
     try:
-        from uq_perception.detectors.centernet import load_detector
-        from uq_perception.detectors.model_files import default_detector_path
-        from uq_perception.runtime.backends import create_backend_with_fallback
+        from uq_perception.detectors.model_files import default_detector_path, default_gp_path
+        from uq_perception.ntk import LastLayerNTKGP
+        from uq_perception.runtime.loading import RuntimeSettings, load_model, start_detector
     except ImportError:
         return
-    model_path = default_detector_path()
-    if model_path.is_file():
-        create_backend_with_fallback('onnxruntime', load_detector(model_path),
-                                     onnx_cache_dir=str(cache))
+    model_path, gp_path = default_detector_path(), default_gp_path()
+    if model_path.is_file() and gp_path.is_file():
+        runtime = RuntimeSettings(onnx_cache_dir=cache)
+        loaded = load_model('torch', model_path, runtime)
+        start_detector(loaded, runtime, LastLayerNTKGP.load(
+            gp_path, feature_dim=loaded.feature_dim, model_id=loaded.model_id))
 
 
 def _private_context(module_name: str) -> Iterator[Any]:

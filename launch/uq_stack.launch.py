@@ -141,8 +141,9 @@ ARGUMENTS = [
         description='true: restart the detector process when it dies (then configured and '
                     'activated again when autostart is true).'),
     DeclareLaunchArgument(
-        'respawn_delay', default_value='2.0',
-        description='Seconds between the detector process dying and its restart.'),
+        'respawn_delay', default_value='0.1',
+        description='Seconds between the detector process dying and its restart (every '
+                    'second of it is a second of teleoperation after a crash).'),
     DeclareLaunchArgument(
         'ask_for_help', default_value='true',
         description='true: start the ask-for-help node (labelling requests).'),

@@ -503,7 +503,9 @@ def test_intermediate_drop_lands_on_the_right_level():
 
 
 def test_stale_perception_falls_back_and_recovers_after_dwell():
-    arbiter = Arbiter(config(min_dwell_s=0.5, perception_deadline_s=0.3), 0.0)
+    # Without the restore after an outage (tested below), the climb starts again.
+    arbiter = Arbiter(config(min_dwell_s=0.5, perception_deadline_s=0.3, resume_window_s=0.0),
+                      0.0)
     t = _climb(arbiter, 0.0, 0.01, Level.SHARED)
     assert arbiter.step(t + 0.29).state.level == Level.SHARED  # within the deadline
     step = arbiter.step(t + 0.31)
@@ -513,6 +515,111 @@ def test_stale_perception_falls_back_and_recovers_after_dwell():
     assert not step.state.perception_stale and step.changed
     assert step.state.level == Level.TELEOPERATION  # dwell restarts after the fall-back
     assert arbiter.observe(t + 0.95, [det(0.01)], 2).state.level == Level.GUIDED
+
+
+MODEL = ModelRange('detector-a', 1.0, -1.0)
+
+
+def _outage(cfg: ArbiterConfig, u_before: float = 0.01) -> tuple[Arbiter, float]:
+    """An arbiter at assistance on frames of MODEL, then no frames: returns it and the time
+    of its last frame."""
+    arbiter = Arbiter(cfg, 0.0)
+    t = 0.0
+    while arbiter.level != Level.ASSISTANCE:
+        t += 0.1
+        arbiter.observe(t, [det(u_before)], 2, model=MODEL)
+    step = arbiter.step(t + cfg.perception_deadline_s + 0.01)
+    assert step.state.level == Level.TELEOPERATION and step.state.perception_stale
+    return arbiter, t
+
+
+def _frames(arbiter: Arbiter, start: float, stop: float, u: float,
+            model: ModelRange | None = MODEL, period: float = 1 / 15) -> list:
+    steps, t = [], start
+    while t <= stop + 1e-9:
+        steps.append(arbiter.observe(t, [det(u)], 2, model=model))
+        t += period
+    return steps
+
+
+RESTORE = {'min_dwell_s': 1.0, 'perception_deadline_s': 0.5, 'resume_window_s': 5.0,
+           'resume_confirm_s': 0.2}
+
+
+def test_a_short_outage_restores_the_level_once_the_same_model_confirms_it():
+    arbiter, last = _outage(config(**RESTORE))
+    back = last + 2.0  # a restarted detector's first frame
+    steps = _frames(arbiter, back, back + 0.5, 0.01)
+    restored = next(s for s in steps if s.transition is not None)
+    assert restored.transition.from_level == Level.TELEOPERATION
+    assert restored.transition.to_level == Level.ASSISTANCE
+    # Confirmed over 0.2 s of frames (the first at `back`), not a dwell per level.
+    assert 0.2 <= restored.transition.time - back < 0.2 + 1 / 15 + 1e-9
+    assert 'level before the outage restored' in restored.state.reason
+    assert all(s.state.level == Level.TELEOPERATION for s in steps[:steps.index(restored)])
+    assert steps[-1].state.level == Level.ASSISTANCE
+
+
+@pytest.mark.parametrize('case', ['another model', 'less certain', 'window over',
+                                  'one uncertain frame', 'disabled'])
+def test_otherwise_the_climb_after_an_outage_is_the_normal_one(case):
+    cfg = config(**{**RESTORE, 'resume_window_s': 0.0 if case == 'disabled' else 5.0})
+    arbiter, last = _outage(cfg)
+    back = last + (5.5 if case == 'window over' else 1.5)
+    model = ModelRange('detector-b', 1.0, -1.0) if case == 'another model' else MODEL
+    # RAW up = (1.0, 0.5, 0.25): 0.3 would allow shared, not assistance.
+    u = 0.3 if case == 'less certain' else 0.01
+    steps, start = [], back
+    if case == 'one uncertain frame':  # two certain frames, one above up[2], then certain
+        steps += _frames(arbiter, back, back + 1.5 / 15, 0.01)
+        steps += _frames(arbiter, back + 2 / 15, back + 2 / 15, 0.6)
+        start = back + 3 / 15
+    steps += _frames(arbiter, start, back + 0.9, u, model)
+    assert all(s.state.level == Level.TELEOPERATION for s in steps), case
+    steps = _frames(arbiter, back + 0.9 + 1 / 15, back + 1.2, u, model)
+    assert steps[-1].state.level == Level.GUIDED, case  # one level after one dwell
+
+
+def test_the_fail_safe_still_holds_during_and_after_a_restore():
+    arbiter, last = _outage(config(**RESTORE))
+    back = last + 1.0
+    _frames(arbiter, back, back + 0.1, 0.01)
+    # Lost again before the confirmation: teleoperation at the same deadline.
+    step = arbiter.step(back + 0.1 + 0.51)
+    assert step.state.level == Level.TELEOPERATION and step.state.perception_stale
+    steps = _frames(arbiter, back + 1.0, back + 1.5, 0.01)
+    assert steps[-1].state.level == Level.ASSISTANCE
+    # Restored, then a high uncertainty: down at once, as always.
+    step = arbiter.observe(back + 1.55, [det(2.5)], 2, model=MODEL)
+    assert step.state.level == Level.TELEOPERATION and not step.state.perception_stale
+    # An override in force when perception is lost: nothing is remembered.
+    arbiter, last = _outage(config(**RESTORE))
+    _frames(arbiter, last + 1.0, last + 1.2, 0.01)
+    arbiter.set_override(last + 1.3, 3, 0.0)
+    arbiter.step(last + 2.0)  # lost under the override
+    arbiter.set_override(last + 2.1, -1, 0.0)
+    steps = _frames(arbiter, last + 2.2, last + 2.8, 0.01)
+    assert all(s.state.level == Level.TELEOPERATION for s in steps)
+
+
+def test_a_reset_forgets_the_level_held_before():
+    arbiter = Arbiter(config(**RESTORE), 0.0)
+    t = 0.0
+    while arbiter.level != Level.ASSISTANCE:  # frames without model figures
+        t += 0.1
+        arbiter.observe(t, [det(0.01)], 2)
+    step = arbiter.reset(t + 0.05, 'clock jumped back')
+    assert step.state.level == Level.TELEOPERATION
+    steps = _frames(arbiter, t + 0.1, t + 0.9, 0.01, model=None)
+    assert all(s.state.level == Level.TELEOPERATION for s in steps)
+
+
+def test_resume_settings_are_validated():
+    for name in ('resume_window_s', 'resume_confirm_s'):
+        with pytest.raises(ValueError, match=f'{name} must be finite and >= 0'):
+            ArbiterConfig(**{name: -1.0})
+        with pytest.raises(ValueError, match=name):
+            ArbiterConfig(**{name: math.nan})
 
 
 def test_perception_is_usable_up_to_and_including_the_deadline():

@@ -1,6 +1,8 @@
 """Property-based tests of the arbiter (hypothesis).
 
-1. Never more than one level up per dwell period.
+1. Never more than one level up per dwell period, except a restore after an outage: to no
+   more than the level held when perception was lost, within the restore window, on a
+   frame below that level's up threshold.
 2. Never above teleoperation while perception is stale, broken or missing (override or not).
 3. A noisy signal inside one hysteresis band causes a bounded, monotone set of transitions.
 4. The command equals its level's formula, re-derived here from the inputs.
@@ -47,6 +49,8 @@ def configs(draw: st.DrawFn) -> ArbiterConfig:
         gp_variance_thresholds=draw(thresholds()),
         min_dwell_s=draw(st.sampled_from([0.0, 0.05, 0.3, 1.0])),
         perception_deadline_s=draw(st.floats(0.05, 1.0)),
+        resume_window_s=draw(st.sampled_from([0.0, 0.5, 5.0])),
+        resume_confirm_s=draw(st.sampled_from([0.0, 0.1, 0.3])),
         operator_timeout_s=draw(st.floats(0.05, 1.0)),
         autonomy_timeout_s=draw(st.floats(0.05, 1.0)),
         operator_deadband=draw(st.floats(0.0, 0.5)),
@@ -94,6 +98,8 @@ class Record:
     transition_from: Level | None
     stale_expected: bool
     override_used: bool
+    last_valid: float | None
+    frame_u: float | None
 
 
 def run(config: ArbiterConfig, evs: list, t0: float = 10.0) -> tuple[Arbiter, list[Record]]:
@@ -105,7 +111,9 @@ def run(config: ArbiterConfig, evs: list, t0: float = 10.0) -> tuple[Arbiter, li
     out = []
     for dt, kind, payload in evs:
         now += dt
+        frame_u = None
         if kind == 'frame':
+            frame_u = payload
             step = arbiter.observe(now, frame(payload), 1)
             last_frame_ok = math.isfinite(payload)
             last_valid = now if last_frame_ok else last_valid
@@ -127,8 +135,24 @@ def run(config: ArbiterConfig, evs: list, t0: float = 10.0) -> tuple[Arbiter, li
                  or now - last_valid > config.perception_deadline_s)
         out.append(Record(now, step.state.level,
                           step.transition.from_level if step.transition else None,
-                          stale, override_used))
+                          stale, override_used, last_valid, frame_u))
     return arbiter, out
+
+
+@st.composite
+def outages(draw: st.DrawFn) -> tuple[ArbiterConfig, list]:
+    """A climb on certain frames, an outage, then frames whose uncertainty lies around the
+    thresholds: the sequences where a restore can happen (the random events above hardly
+    ever make one)."""
+    config = draw(configs())
+    th = config.thresholds
+    climb = draw(st.lists(st.tuples(st.floats(0.02, 0.2), st.just('frame'),
+                                    st.floats(0.0, 0.9 * th.up[-1])), min_size=5, max_size=60))
+    near = st.builds(lambda v, f: v * f, st.sampled_from([*th.up, *th.down]),
+                     st.floats(0.8, 1.2))
+    after = draw(st.lists(st.tuples(st.floats(0.0, 0.3), st.just('frame'),
+                                    st.one_of(near, uncertainties)), min_size=1, max_size=30))
+    return config, [*climb, (draw(st.floats(0.0, 8.0)), 'tick', None), *after]
 
 
 @SETTINGS
@@ -136,17 +160,38 @@ def run(config: ArbiterConfig, evs: list, t0: float = 10.0) -> tuple[Arbiter, li
 def test_never_more_than_one_level_up_per_dwell_period(config, evs):
     # Manual overrides jump by design; the property is about the signal-driven climb.
     evs = [e for e in evs if e[1] != 'override']
-    if not evs:
-        return
+    if evs:
+        check_climb(config, evs)
+
+
+@SETTINGS
+@given(outages())
+def test_a_restore_after_an_outage_never_exceeds_what_perception_had_earned(case):
+    check_climb(*case)
+
+
+def check_climb(config: ArbiterConfig, evs: list) -> None:
     t0 = 10.0
     _, records = run(config, evs, t0)
     last_change = t0
+    # The level held when perception was last lost, and the last valid frame before.
+    held, lost_after = Level.TELEOPERATION, None
+    before = Record(t0, Level.TELEOPERATION, None, True, False, None, None)
     for r in records:
+        if r.stale_expected and not before.stale_expected:
+            held, lost_after = before.level, before.last_valid
+        before = r
         if r.transition_from is None:
             continue
-        if r.level > r.transition_from:
-            assert r.level == r.transition_from + 1
-            assert r.now - last_change >= config.min_dwell_s - 1e-9
+        climb = r.level == r.transition_from + 1 and \
+            r.now - last_change >= config.min_dwell_s - 1e-9
+        if r.level > r.transition_from and not climb:
+            assert config.resume_window_s > 0.0 and lost_after is not None
+            assert r.level <= held
+            assert r.now - lost_after <= config.resume_window_s + 1e-9
+            last_u = next(x.frame_u for x in reversed(records[:records.index(r) + 1])
+                          if x.frame_u is not None)
+            assert last_u < config.thresholds.up[r.level - 1]
         last_change = r.now
 
 

@@ -21,6 +21,18 @@ Level changes follow the driving uncertainty ``u`` with hysteresis. At level ``L
   change is at least ``min_dwell_s`` old, so the level never rises by more than one per
   dwell period.
 
+Restore after an outage: when perception becomes unusable at level ``L > 0`` (no override
+in force), ``L`` is remembered. When usable perception from the same model
+(``DetectionArray.model_id``) returns and every decision for ``resume_confirm_s`` from then
+on finds ``u < up[L - 1]`` (the condition that let the level reach ``L``, stricter than
+every lower level's), the level returns to ``L`` at once instead of climbing one level per
+dwell, provided this happens within ``resume_window_s`` of the last usable frame before
+the outage: a detector restarted after a crash gets back the trust its percept had earned,
+once its own frames show the same certainty. A decision that finds otherwise, the end of
+the window, another model, an override or a reset forget ``L``, and the climb is the normal
+one. The fail-safe itself is
+unchanged: no perception is still teleoperation, and down steps are still immediate.
+
 Fail-safe: when perception is unusable (no valid ``DetectionArray`` within the deadline, an
 invalid one -- any bad field, stamp or size, see :func:`assess_frame` -- none holding the
 driving detection, or a signal the loaded model cannot give, see :func:`signal_problem`) the
@@ -180,6 +192,15 @@ class Step:
 
 
 @dataclass(frozen=True, slots=True)
+class _Outage:
+    """What perception had earned when it was lost, for the restore after an outage."""
+
+    level: Level
+    model_id: str | None
+    last_usable: float
+
+
+@dataclass(frozen=True, slots=True)
 class _Frame:
     """The parts of the latest judged frame needed to judge it again."""
 
@@ -224,6 +245,9 @@ class Arbiter:
         self._autonomy_target: int | None = None
         self._autonomy_target_time = -math.inf
         self._perception_time: float | None = None
+        self._last_usable: float | None = None
+        self._outage: _Outage | None = None
+        self._restore_since: float | None = None
         self._stale = True
         self._operator: NDArray[np.float64] | None = None
         self._operator_time = -math.inf
@@ -336,6 +360,8 @@ class Arbiter:
         self._frame = frame
         self._perception = judged
         self._perception_time = now
+        if judged.usable:
+            self._last_usable = now
         return self.step(now)
 
     def observe_invalid(self, now: float, reason: str) -> Step:
@@ -355,7 +381,9 @@ class Arbiter:
         self._frame = None
         self._perception = Perception(False, math.nan, reason)
         self._perception_time = None
+        self._last_usable = None
         self._up_since = None
+        self._outage = None
         return self.step(now)
 
     def command_to_send(self, now: float, command: ArrayLike) -> NDArray[np.float64]:
@@ -439,7 +467,43 @@ class Arbiter:
                            f'{self._config.perception_deadline_s:g} s')
         return True, ''
 
+    def _model_id(self) -> str | None:
+        frame = self._frame
+        return frame.model.model_id if frame is not None and frame.model is not None else None
+
+    def _remember_outage(self) -> None:
+        """At the first decision without usable perception: remember the level it had earned."""
+        if self._stale or self._override is not None or self._last_usable is None:
+            return
+        if self._level > Level.TELEOPERATION and self._config.resume_window_s > 0.0:
+            self._outage = _Outage(self._level, self._model_id(), self._last_usable)
+
+    def _restored_level(self, now: float) -> tuple[Level, str] | None:
+        """The level held before an outage, once the returning perception has confirmed it
+        for ``resume_confirm_s``; None while it has not (or never will: then forgotten)."""
+        outage, cfg = self._outage, self._config
+        if outage is None:
+            return None
+        u = self._perception.uncertainty
+        up = cfg.thresholds.up[outage.level - 1]
+        if (self._level >= outage.level or self._model_id() != outage.model_id
+                or now - outage.last_usable > cfg.resume_window_s or not u < up):
+            self._outage, self._restore_since = None, None
+            return None
+        if self._restore_since is None:
+            self._restore_since = now
+        if now - self._restore_since < cfg.resume_confirm_s:
+            return None
+        self._outage, self._restore_since = None, None
+        return outage.level, (f'{cfg.uncertainty_signal.value} {u:.4g} below up threshold '
+                              f'{up:.4g} of {outage.level.label} for '
+                              f'{cfg.resume_confirm_s:g} s after a perception outage: '
+                              'level before the outage restored')
+
     def _signal_target(self, now: float) -> tuple[Level, str]:
+        restored = self._restored_level(now)
+        if restored is not None:
+            return restored
         cfg = self._config
         th = cfg.thresholds
         u = self._perception.uncertainty
@@ -481,10 +545,12 @@ class Arbiter:
             note = 'manual override expired'
         usable, why = self._perception_verdict(now)
         if not usable:
-            self._up_since = None
+            self._remember_outage()
+            self._up_since = self._restore_since = None
             target, reason = Level.TELEOPERATION, why
         elif self._override is not None:
             self._up_since = None
+            self._outage = self._restore_since = None
             target, reason = self._override, f'manual override to {self._override.label}'
         else:
             if self._stale:

@@ -161,6 +161,13 @@ class ArbiterConfig:
         step-up condition must hold.
     perception_deadline_s : float
         Longest gap between valid perception messages before the fail-safe.
+    resume_window_s : float
+        Longest perception outage after which the level held before it may be restored
+        without climbing again (``uq_autonomy.arbiter``, "Restore after an outage"); 0: never,
+        the climb always starts again from teleoperation.
+    resume_confirm_s : float
+        How long the returning perception must confirm the level held before the outage
+        before it is restored.
     operator_timeout_s, autonomy_timeout_s : float
         Age after which the operator's or autonomy's command counts as zero.
     operator_deadband : float
@@ -201,6 +208,8 @@ class ArbiterConfig:
     image_height: int = 480
     min_dwell_s: float = 1.0
     perception_deadline_s: float = 0.5
+    resume_window_s: float = 5.0
+    resume_confirm_s: float = 0.2
     operator_timeout_s: float = 0.5
     autonomy_timeout_s: float = 0.5
     operator_deadband: float = 0.05
@@ -236,6 +245,10 @@ class ArbiterConfig:
                  f'image size must be positive, got {self.image_width}x{self.image_height}')
         _require(_finite(self.min_dwell_s) and self.min_dwell_s >= 0.0,
                  f'min_dwell_s must be finite and >= 0, got {self.min_dwell_s}')
+        for name in ('resume_window_s', 'resume_confirm_s'):
+            value = getattr(self, name)
+            _require(_finite(value) and value >= 0.0,
+                     f'{name} must be finite and >= 0, got {value}')
         for name in ('perception_deadline_s', 'operator_timeout_s', 'autonomy_timeout_s'):
             value = getattr(self, name)
             _require(_finite(value) and value > 0.0, f'{name} must be finite and > 0, got {value}')

@@ -78,6 +78,15 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
                   'Longest gap between valid DetectionArray messages before falling back to '
                   'teleoperation.', min_value=0.001, max_value=60.0,
                   constraints='>= decision_period_s'),
+    ParameterSpec('resume_window_s', _DEFAULT.resume_window_s,
+                  'After a perception outage this short (from the last usable frame), the '
+                  'level held before it is restored once the returning frames of the same '
+                  'model confirm it; 0: the climb always starts again from teleoperation.',
+                  min_value=0.0, max_value=600.0),
+    ParameterSpec('resume_confirm_s', _DEFAULT.resume_confirm_s,
+                  'How long the returning perception must stay below the up threshold of the '
+                  'level held before the outage before that level is restored.',
+                  min_value=0.0, max_value=60.0),
     ParameterSpec('operator_timeout_s', _DEFAULT.operator_timeout_s,
                   'Age after which the operator command counts as zero.',
                   min_value=0.001, max_value=60.0),
@@ -188,6 +197,8 @@ def config_from_values(values: Mapping[str, Any]) -> ArbiterConfig:
         image_height=values['image_height'],
         min_dwell_s=values['min_dwell_s'],
         perception_deadline_s=values['perception_deadline_s'],
+        resume_window_s=values['resume_window_s'],
+        resume_confirm_s=values['resume_confirm_s'],
         operator_timeout_s=values['operator_timeout_s'],
         autonomy_timeout_s=values['autonomy_timeout_s'],
         operator_deadband=values['operator_deadband'],

@@ -20,6 +20,7 @@ from uq_perception.ntk import (
     spd_inverse,
     summarise_gaussian_logits,
 )
+from uq_perception.ntk.model import expert_quadratic_forms
 
 D, C = 8, 4
 
@@ -101,6 +102,43 @@ def test_gating_partitions(data):
         LastLayerNTKGP(w, b, NTKGPConfig(gating='class', num_experts=3))
     with pytest.raises(ValueError, match='gating must be one of'):
         NTKGPConfig(gating='nearest')
+
+
+@pytest.mark.parametrize('rows', [0, 1, 7, 256])
+def test_expert_variances_equal_the_per_expert_loop(rows):
+    # Unevenly filled experts, some empty, as k-means gating gives; each row's quadratic
+    # form computed here one expert at a time, row by row, in the order of the rows.
+    rng = np.random.default_rng(rows)
+    experts, width = 64, 129
+    factors = rng.standard_normal((experts, width, width)) / width
+    covariance = factors @ factors.transpose(0, 2, 1) + 1e-3 * np.eye(width)
+    expert = rng.choice(experts, size=rows, p=rng.dirichlet(np.full(experts, 0.3)))
+    phi = rng.standard_normal((rows, width))
+    expected = np.empty(rows)
+    for e in range(experts):
+        for b in np.flatnonzero(expert == e):
+            expected[b] = phi[b] @ covariance[e] @ phi[b]
+    found = expert_quadratic_forms(phi, expert, covariance)
+    assert found.shape == (rows,) and found.dtype == np.float64
+    np.testing.assert_allclose(found, expected, rtol=1e-6, atol=0.0)
+    # One expert: the same forms.
+    np.testing.assert_allclose(expert_quadratic_forms(phi, np.zeros(rows, int), covariance[:1]),
+                               np.einsum('bp,pq,bq->b', phi, covariance[0], phi), rtol=1e-6)
+
+
+def test_gp_variance_is_each_rows_own_expert_form(data):
+    x, y, w, b = data
+    gp = LastLayerNTKGP(w, b, NTKGPConfig(num_experts=5)).fit(x, y)
+    out = gp.predict(x)
+    phi = np.hstack([x, np.ones((len(x), 1))])
+    # Each expert's covariance from its own rows alone: (G_m / sigma_m^2 + delta_m I)^-1.
+    expected = np.empty(len(x))
+    for e in range(gp.num_experts):
+        rows = out.expert_id == e
+        train = phi[gp.predict(x).expert_id == e]
+        cov = np.linalg.inv(train.T @ train / gp.sigma2[e] + gp.delta[e] * np.eye(D + 1))
+        expected[rows] = np.einsum('bp,pq,bq->b', phi[rows], cov, phi[rows])
+    np.testing.assert_allclose(out.gp_variance, expected, rtol=1e-6)
 
 
 def test_kmeans_recovers_separated_clusters():

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from uq_perception.detectors.centernet import STRIDE
+from uq_perception.detectors.centernet_io import STRIDE
 from uq_perception.ntk.box_calibration import BoxCalibration
 
 # Published coordinates (Detection.box_std order) and the box head outputs behind them.

@@ -112,8 +112,7 @@ from uq_perception.messages import (
     DetectionArrayBuilder,
     marker_array_message,
 )
-from uq_perception.runtime.backends import DEFAULT_CPU_BACKEND, BackendKind
-from uq_perception.runtime.cuda_graph import Precision
+from uq_perception.runtime.backend_choice import DEFAULT_CPU_BACKEND, BackendKind, Precision
 from uq_perception.runtime.loading import (
     ModelFormat,
     adapter_config_from_parameters,
@@ -541,9 +540,8 @@ class DetectorNode(LifecycleNode):
             self._image_input = self._info_sub = self._diagnostics_timer = None
 
     def _load_perception(self) -> Any:
-        # Heavy imports here, so `--help` and parameter errors answer without torch.
-        import torch
-
+        # Imported here, so `--help` and parameter errors answer at once. torch is imported
+        # only where the start needs it (loading.py): not from a checked ONNX export.
         from uq_perception.ntk import LastLayerNTKGP
         from uq_perception.perception import UncertaintyPerception
         from uq_perception.runtime.loading import load_model, start_detector
@@ -552,7 +550,6 @@ class DetectorNode(LifecycleNode):
         from uq_perception.tracking import IoUTracker
 
         p = self._params
-        torch.set_num_threads(p['torch_threads'])
         if not retain_freed_memory():
             self.get_logger().info('allocator thresholds unchanged (no glibc mallopt): '
                                    'inference may page-fault more on each frame')

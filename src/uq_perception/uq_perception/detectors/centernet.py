@@ -27,9 +27,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from uq_common.file_kind import describe_file
+from uq_perception.detectors.centernet_io import (
+    STRIDE,
+    decode_candidates,
+    image_array,
+)
 from uq_perception.detectors.contract import Detections
 
-STRIDE = 4
 # The backbone downsamples four times by 2 and the neck upsamples back to stride 4, so
 # the input height and width must be multiples of 16 for the skip connections to align.
 SIZE_MULTIPLE = 16
@@ -411,33 +415,10 @@ class CenterNetDetector(nn.Module):
         list[Detections]
             One entry per image of the batch.
         """
-        if not 0.0 <= score_threshold <= 1.0:
-            raise ValueError(f'score_threshold must be in [0, 1], got {score_threshold}')
-        if max_detections < 0:
-            raise ValueError(f'max_detections must be >= 0, got {max_detections}')
-        scores = _to_numpy(outputs['scores'])
-        boxes = _to_numpy(outputs['boxes'])
-        embeddings = _to_numpy(outputs['embeddings'])
-        logits = _to_numpy(outputs['logits'])
-        batch = scores.shape[0]
-        if image_sizes is not None and len(image_sizes) != batch:
-            raise ValueError(f'image_sizes has {len(image_sizes)} entries for a batch of {batch}')
-        in_h, in_w = self.input_size
-        result = []
-        for i in range(batch):
-            order = np.argsort(-scores[i], kind='stable')
-            order = order[scores[i][order] >= score_threshold][:max_detections]
-            bx = boxes[i][order].copy()
-            out_h, out_w = (in_h, in_w) if image_sizes is None else image_sizes[i]
-            bx[:, [0, 2]] *= out_w / in_w
-            bx[:, [1, 3]] *= out_h / in_h
-            result.append(Detections(
-                boxes=_clip_boxes(bx, out_w, out_h),
-                scores=scores[i][order].copy(),
-                embeddings=embeddings[i][order].copy(),
-                logits=logits[i][order].copy(),
-            ))
-        return result
+        return decode_candidates(
+            _to_numpy(outputs['scores']), _to_numpy(outputs['boxes']),
+            _to_numpy(outputs['embeddings']), _to_numpy(outputs['logits']), self.input_size,
+            score_threshold, max_detections, image_sizes)
 
     def preprocess(self, image_rgb: np.ndarray) -> torch.Tensor:
         """Validate an RGB uint8 image and turn it into a ``(1, 3, H, W)`` input tensor."""
@@ -447,25 +428,11 @@ class CenterNetDetector(nn.Module):
         """Validate an RGB uint8 image and return it as a ``(1, 3, H, W)`` uint8 tensor of
         ``input_size`` (resized when it differs), still unnormalised: a GPU backend uploads
         these bytes, a quarter of the float32 input, and normalises on the device."""
-        if not isinstance(image_rgb, np.ndarray):
-            raise ValueError(f'image must be a numpy array, got {type(image_rgb).__name__}')
-        if image_rgb.ndim != 3 or image_rgb.shape[2] != 3:
-            raise ValueError(f'image must have shape (H, W, 3), got {image_rgb.shape}')
-        if image_rgb.dtype != np.uint8:
-            raise ValueError(f'image must be uint8 RGB, got dtype {image_rgb.dtype}')
-        if image_rgb.shape[0] < 1 or image_rgb.shape[1] < 1:
-            raise ValueError(f'image is empty: shape {image_rgb.shape}')
-        in_h, in_w = self.input_size
-        if image_rgb.shape[:2] != (in_h, in_w):
-            import cv2  # deferred: only needed when the camera size differs from the model's
-
-            image_rgb = cv2.resize(image_rgb, (in_w, in_h), interpolation=cv2.INTER_AREA)
-        image_rgb = np.ascontiguousarray(image_rgb)
-        if not image_rgb.flags.writeable:
+        array = image_array(image_rgb, self.input_size)
+        if not array.flags.writeable:
             # A view of a received message's bytes: torch tensors want writable memory.
-            image_rgb = image_rgb.copy()
-        tensor = torch.from_numpy(image_rgb).permute(2, 0, 1)
-        return tensor.unsqueeze(0)
+            array = array.copy()
+        return torch.from_numpy(array)
 
     @torch.no_grad()
     def detect(self, image_rgb: np.ndarray, score_threshold: float = 0.3,
@@ -509,16 +476,6 @@ def normalize_images(images: torch.Tensor, dtype: torch.dtype = torch.float32) -
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().to('cpu', torch.float32).numpy()
-
-
-def _clip_boxes(boxes: np.ndarray, width: float, height: float) -> np.ndarray:
-    """Clip centre-size boxes to the image rectangle, keeping the centre-size format."""
-    x1 = np.clip(boxes[:, 0] - boxes[:, 2] / 2, 0.0, width)
-    y1 = np.clip(boxes[:, 1] - boxes[:, 3] / 2, 0.0, height)
-    x2 = np.clip(boxes[:, 0] + boxes[:, 2] / 2, 0.0, width)
-    y2 = np.clip(boxes[:, 1] + boxes[:, 3] / 2, 0.0, height)
-    return np.stack([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], axis=1).astype(
-        np.float32).reshape(-1, 4)
 
 
 def model_digest(model: CenterNetDetector) -> str:

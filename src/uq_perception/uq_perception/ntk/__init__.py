@@ -10,7 +10,8 @@ The public API lives here; the modules split it by concern:
 - :mod:`.predictive`: probit probabilities, entropy decomposition, torch query;
 - :mod:`.calibrated_score`: the model-independent score of a GP variance;
 - :mod:`.model`: :class:`LastLayerNTKGP`, the weight-space form (the fast path);
-- :mod:`.function_space`: :class:`FunctionSpaceNTKGP`, the Jacobian (function-space) form;
+- :mod:`.function_space`: :class:`FunctionSpaceNTKGP`, the Jacobian (function-space) form
+  (imported on first use: it needs torch);
 - :mod:`.feature_map`: norm-aware feature maps, chosen by the evidence;
 - :mod:`.persistence`: checksummed, atomic state files.
 """
@@ -25,7 +26,6 @@ from uq_perception.ntk.evidence import (
     log_marginal_likelihood,
 )
 from uq_perception.ntk.feature_map import MapCandidate, NormFeatureMap, select_feature_map
-from uq_perception.ntk.function_space import FunctionSpaceNTKGP, ParameterSubset, centred_basis
 from uq_perception.ntk.gating import kmeans
 from uq_perception.ntk.linalg import spd_inverse
 from uq_perception.ntk.model import LastLayerNTKGP
@@ -44,3 +44,15 @@ __all__ = [
     'fit_shared_noise', 'gp_variance_torch', 'kmeans', 'log_marginal_likelihood',
     'spd_inverse', 'summarise_gaussian_logits',
 ]
+
+# The function-space form needs torch (its Jacobians) at import; it is loaded on first use,
+# so that querying a loaded weight-space GP (the detector's start) imports no torch.
+_FUNCTION_SPACE = ('FunctionSpaceNTKGP', 'ParameterSubset', 'centred_basis')
+
+
+def __getattr__(name: str):
+    if name in _FUNCTION_SPACE:
+        from uq_perception.ntk import function_space
+
+        return getattr(function_space, name)
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 
 @dataclass(frozen=True)
@@ -75,6 +74,8 @@ class SpectralEvidence:
 def _eigh(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     # torch's LAPACK (MKL) rather than numpy's: several times faster on small matrices and
     # far less sensitive to a CPU shared with other processes.
+    import torch  # here: fitting needs it, a query of a loaded GP does not
+
     lam, vec = torch.linalg.eigh(torch.from_numpy(np.ascontiguousarray(matrix, np.float64)))
     return lam.numpy(), vec.numpy()
 

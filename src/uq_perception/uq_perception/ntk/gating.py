@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
 
 def kmeans(points: np.ndarray, k: int, *, iterations: int = 50, seed: int = 0) -> np.ndarray:
@@ -14,6 +13,8 @@ def kmeans(points: np.ndarray, k: int, *, iterations: int = 50, seed: int = 0) -
     Deterministic for a fixed ``seed``. An emptied cluster is re-seeded at the point
     farthest from its centroid.
     """
+    import torch  # here: fitting needs it, a query of a loaded GP does not
+
     x = torch.from_numpy(np.ascontiguousarray(points, dtype=np.float64))
     n = x.shape[0]
     if n < k:

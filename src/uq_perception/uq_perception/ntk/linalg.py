@@ -6,7 +6,6 @@ import logging
 from typing import Any
 
 import numpy as np
-import torch
 
 from uq_perception.ntk.config import MAX_CONDITION, MAX_FEATURE_MAGNITUDE
 
@@ -34,13 +33,15 @@ def spd_cholesky(matrix: np.ndarray, what: str, max_condition: float = MAX_CONDI
         raise ValueError(f'{what} has non-finite entries')
     size = sym.shape[0]
     scale = float(np.mean(np.abs(np.diag(sym)))) or 1.0
-    base = torch.from_numpy(np.ascontiguousarray(sym))
-    eye = torch.eye(size, dtype=torch.float64)
+    eye = np.eye(size)
     jitter = 0.0
     for _ in range(16):
-        factor, info = torch.linalg.cholesky_ex(base + jitter * eye if jitter else base)
-        if int(info) == 0:
-            pivots = torch.diagonal(factor)
+        try:
+            factor = np.linalg.cholesky(sym + jitter * eye if jitter else sym)
+        except np.linalg.LinAlgError:
+            factor = None
+        if factor is not None:
+            pivots = np.diagonal(factor)
             condition = float((pivots.max() / pivots.min()) ** 2)
             if condition <= max_condition:
                 break
@@ -50,15 +51,15 @@ def spd_cholesky(matrix: np.ndarray, what: str, max_condition: float = MAX_CONDI
     if jitter > 0.0:
         logger.warning('%s is near-singular; added jitter %.3g (relative %.1e) to keep the '
                        'GP variances finite', what, jitter, jitter / scale)
-    return factor.numpy()
+    return factor
 
 
 def spd_inverse(matrix: np.ndarray, what: str, max_condition: float = MAX_CONDITION
                 ) -> np.ndarray:
     """Inverse ``L^{-T} L^{-1}`` of a symmetric positive (semi)definite matrix through its
     Cholesky factor (:func:`spd_cholesky`, with its conditioning guard)."""
-    factor = torch.from_numpy(spd_cholesky(matrix, what, max_condition))
-    inverse = torch.cholesky_inverse(factor).numpy()
+    inverse_factor = np.linalg.inv(spd_cholesky(matrix, what, max_condition))
+    inverse = inverse_factor.T @ inverse_factor
     return 0.5 * (inverse + inverse.T)
 
 

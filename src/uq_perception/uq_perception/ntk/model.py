@@ -115,10 +115,9 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from uq_perception.ntk.box_calibration import BoxCalibration
 from uq_perception.ntk.calibrated_score import (
@@ -146,9 +145,12 @@ from uq_perception.ntk.evidence import (
 from uq_perception.ntk.feature_transform import FeatureTransform
 from uq_perception.ntk.gating import kmeans, nearest_centroid
 from uq_perception.ntk.linalg import check_matrix, spd_inverse
-from uq_perception.ntk.persistence import read_state, write_state
+from uq_perception.ntk.persistence import arrays_digest, read_state, write_state
 from uq_perception.ntk.predictive import antithetic_normal_draws, summarise_gaussian_logits
 from uq_perception.ntk.scale_gating import MIN_SCALE_VALIDATION, ScaleGating
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +160,48 @@ _STREAM_ROWS = 16384
 # Exact refactorisation after this many rank-1 updates bounds the drift of the
 # Sherman-Morrison recursion (amortised O(D^3 / 256) = O(D^2) for D <= 256).
 _REFACTOR_EVERY = 256
+
+
+def expert_quadratic_forms(phi: np.ndarray, expert: np.ndarray, covariance: np.ndarray
+                           ) -> np.ndarray:
+    """``phi_b^T S_{e_b} phi_b`` for every row ``b``, with ``S = covariance``.
+
+    Parameters
+    ----------
+    phi : np.ndarray
+        ``(B, P)`` rows.
+    expert : np.ndarray
+        ``(B,)`` integer expert of each row, in ``[0, M)``.
+    covariance : np.ndarray
+        ``(M, P, P)`` one matrix per expert.
+
+    Returns
+    -------
+    np.ndarray
+        ``(B,)`` float64.
+
+    Notes
+    -----
+    The rows are gathered once into expert order; each expert present multiplies its
+    block of rows by its matrix into one shared buffer (one BLAS call, no Python work per
+    row), and one row-wise dot product over the whole batch finishes every row. Each
+    matrix is read once per batch. A single batched product over the experts padded to
+    the largest block does the work of ``M`` times that block, several times the rows
+    there are when experts are unevenly filled, and was slower (docs/benchmarks.md).
+    """
+    if covariance.shape[0] == 1:
+        return np.einsum('ij,ij->i', phi @ covariance[0], phi)
+    order = np.argsort(expert, kind='stable')
+    counts = np.bincount(expert, minlength=covariance.shape[0])
+    rows = phi[order]
+    products = np.empty_like(rows)
+    stops = np.cumsum(counts).tolist()
+    for e in np.flatnonzero(counts).tolist():
+        block = slice(stops[e] - int(counts[e]), stops[e])
+        np.matmul(rows[block], covariance[e], out=products[block])
+    variance = np.empty(len(phi))
+    variance[order] = np.einsum('ij,ij->i', products, rows)
+    return variance
 
 
 class LastLayerNTKGP:
@@ -461,6 +505,8 @@ class LastLayerNTKGP:
         return chained()
 
     def _accumulate(self, chunks: Iterable[tuple[np.ndarray, np.ndarray | None]]) -> None:
+        import torch  # here: fitting needs it, a query of a loaded GP does not
+
         m, p, c = self.num_experts, self.feature_dim + 1, self.num_classes
         d = p - 1
         gram = torch.zeros(m, p, p, dtype=torch.float64)
@@ -651,23 +697,7 @@ class LastLayerNTKGP:
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Return ``(logits (B, C), gp_variance (B,), expert_id (B,))``."""
         full, phi, expert = self._query_mean(features, logits)
-        b = phi.shape[0]
-        if self.num_experts == 1:
-            variance = np.einsum('ij,ij->i', phi @ self._covariance[0], phi)
-        else:
-            # One matrix product per expert present, on rows sorted by expert.
-            order = np.argsort(expert, kind='stable')
-            counts = np.bincount(expert, minlength=self.num_experts)
-            sorted_phi = phi[order]
-            sorted_var = np.empty(b)
-            start = 0
-            for e in np.flatnonzero(counts):
-                stop = start + counts[e]
-                sub = sorted_phi[start:stop]
-                sorted_var[start:stop] = np.einsum('ij,ij->i', sub @ self._covariance[e], sub)
-                start = stop
-            variance = np.empty(b)
-            variance[order] = sorted_var
+        variance = expert_quadratic_forms(phi, expert, self._covariance)
         # A^{-1} is PSD, so negatives can only be round-off.
         np.maximum(variance, 0.0, out=variance)
         return full, variance, expert
@@ -936,8 +966,22 @@ class LastLayerNTKGP:
 
     # ------------------------------------------------------------------ export
 
-    def gp_tensors(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-        """``centroids (M, D)`` and ``precision_inverse (M, D+1, D+1)`` tensors of ``dtype``."""
+    def query_digest(self) -> str:
+        """SHA-256 of everything the variance query reads (covariances, gating, feature
+        transform): two GPs with the same digest give the same variance for every input."""
+        with self._lock:
+            self._require_fitted()
+            arrays = {'covariance': self._covariance, 'centroids': self._centroids,
+                      'gating': np.frombuffer(self.config.gating.value.encode(), np.uint8)}
+            if self.feature_transform is not None:
+                arrays['feature_transform'] = np.frombuffer(
+                    repr(self.feature_transform.to_meta()).encode(), np.uint8)
+                arrays['feature_transform_means'] = self.feature_transform.means_array()
+            return arrays_digest(arrays)
+
+    def gp_tensors(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """``centroids (M, D)`` and ``precision_inverse (M, D+1, D+1)`` tensors of ``dtype``
+        (default float32)."""
         with self._lock:
             self._require_fitted()
             if self.config.gating is Gating.SCALE:
@@ -948,6 +992,9 @@ class LastLayerNTKGP:
                 raise ValueError('the in-graph GP query does not apply a feature transform: '
                                  'query this GP on the host (the CUDA graph runs the shipped '
                                  'CenterNet, whose GP has none)')
+            import torch  # here: only the in-graph query uses it
+
+            dtype = torch.float32 if dtype is None else dtype
             return {'centroids': torch.tensor(self._centroids, dtype=dtype),
                     'precision_inverse': torch.tensor(self._covariance, dtype=dtype)}
 

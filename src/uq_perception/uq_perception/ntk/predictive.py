@@ -3,8 +3,12 @@ and the traceable torch query."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 def antithetic_normal_draws(num: int, dim: int, seed: int) -> np.ndarray:
@@ -61,22 +65,24 @@ def summarise_gaussian_logits(mean: np.ndarray, gp_class_variance: np.ndarray,
     probabilities = _softmax(adjusted)
     # Layout (B, C, S): reductions over classes then run over contiguous rows of draws.
     draws_t = np.ascontiguousarray(draws.T)
+    # The temperature divides the mean and the spread before the draws are formed: one
+    # pass over the (B, C, S) draws less.
     if covariance is None:
-        z = mean[:, :, None] + draws_t[None] * np.sqrt(gp_class_variance)[:, :, None]
+        spread = np.sqrt(gp_class_variance) / temperature
+        z = (mean / temperature)[:, :, None] + draws_t[None] * spread[:, :, None]
     else:
         factor = np.linalg.cholesky(covariance + 1e-12 * np.eye(covariance.shape[-1])
                                     * np.maximum(np.trace(covariance, axis1=1, axis2=2),
                                                  1e-300)[:, None, None])
-        z = mean[:, :, None] + factor @ draws_t
-    if temperature != 1.0:
-        z /= temperature
+        z = (mean[:, :, None] + factor @ draws_t) / temperature
     z -= z.max(axis=1, keepdims=True)
-    p = np.exp(z)
-    norm = p.sum(axis=1)
-    p /= norm[:, None, :]
-    # H[softmax(z)] = log sum exp(z) - sum_c p_c z_c
-    expected = (np.log(norm) - np.einsum('bcs,bcs->bs', p, z)).mean(axis=1)
-    p_bar = p.mean(axis=2)
+    e = np.exp(z)
+    norm = e.sum(axis=1)
+    # H[softmax(z)] = log sum exp(z) - sum_c p_c z_c, with p = e / norm: the sums are taken
+    # on e and divided once per draw, not once per class and draw.
+    inverse = 1.0 / norm
+    expected = (np.log(norm) - np.einsum('bcs,bcs->bs', e, z) * inverse).mean(axis=1)
+    p_bar = np.einsum('bcs,bs->bc', e, inverse) / e.shape[2]
     total = -(p_bar * np.log(np.maximum(p_bar, np.finfo(np.float64).tiny))).sum(axis=1)
     # The difference is >= 0 by concavity; max() only removes floating-point round-off.
     mutual = np.maximum(total - expected, 0.0)
@@ -99,6 +105,8 @@ def gp_variance_torch(features: torch.Tensor, centroids: torch.Tensor,
     class, which the caller computes from the logits). No data-dependent Python control
     flow, so ``torch.jit.trace`` / export keep the GP matrices as runtime inputs.
     """
+    import torch  # here: only the traced and CUDA queries use it
+
     if expert_id is None:
         distance = (centroids * centroids).sum(1) - 2.0 * features @ centroids.T
         expert_id = distance.argmin(1)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import copy
 import json
 import time
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +40,11 @@ import torch
 from uq_perception.detectors.candidates import DECODED_OUTPUTS, pack_candidates
 from uq_perception.detectors.centernet import CenterNetDetector, Detections, normalize_images
 from uq_perception.detectors.contract import DetectorContract, LinearHead, check_rgb_image
+from uq_perception.runtime.backend_choice import (  # noqa: F401 - re-exported
+    DEFAULT_CPU_BACKEND,
+    BackendKind,
+    BackendUnavailableError,
+)
 from uq_perception.runtime.onnx_runtime import ExecutionProvider, OnnxRuntimeUnavailableError
 
 if TYPE_CHECKING:
@@ -49,23 +53,6 @@ if TYPE_CHECKING:
 
 #: Precision every engine is built in (``uq build-engine``).
 ENGINE_PRECISION = 'fp16'
-
-
-class BackendKind(str, Enum):
-    """Where the detector network runs."""
-
-    PYTORCH_CPU = 'pytorch-cpu'
-    PYTORCH_CUDA = 'pytorch-cuda'
-    ONNXRUNTIME = 'onnxruntime'
-    TENSORRT = 'tensorrt'
-
-
-#: The backend a CPU-only machine runs by default (when its ONNX export passes its checks).
-DEFAULT_CPU_BACKEND = BackendKind.ONNXRUNTIME
-
-
-class BackendUnavailableError(RuntimeError):
-    """The requested backend cannot run on this machine; the message says why."""
 
 
 class EngineMismatchError(BackendUnavailableError):

@@ -41,7 +41,6 @@ import copy
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from enum import Enum
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -52,6 +51,11 @@ from uq_perception.detectors.candidates import pack_candidates
 from uq_perception.detectors.centernet import CenterNetDetector, normalize_images
 from uq_perception.detectors.contract import Detections, LinearHead
 from uq_perception.ntk import Gating, gp_variance_torch
+from uq_perception.runtime.backend_choice import (  # noqa: F401 - re-exported
+    CudaOptions,
+    Precision,
+    parse_precision,
+)
 
 if TYPE_CHECKING:
     from uq_perception.ntk import LastLayerNTKGP
@@ -66,62 +70,6 @@ MAX_CAPTURED_SIZES = 4
 CAPTURE_WARMUP_RUNS = 3
 #: Columns after the candidate tensors when a GP is attached: its variance and the expert.
 GP_COLUMNS = ('gp_variance', 'expert_id')
-
-
-class Precision(str, Enum):
-    """Floating-point precision of the network on the GPU."""
-
-    FP32 = 'fp32'
-    FP16 = 'fp16'
-
-
-def parse_precision(value: Precision | str) -> Precision:
-    """``value`` as a :class:`Precision`; a ``ValueError`` naming the choices otherwise."""
-    try:
-        return Precision(value)
-    except ValueError:
-        raise ValueError(f'unknown precision {value!r}; choose one of '
-                         f'{", ".join(p.value for p in Precision)}') from None
-
-
-@dataclass(frozen=True)
-class CudaOptions:
-    """How the ``pytorch-cuda`` backend runs the network.
-
-    Attributes
-    ----------
-    cuda_graph : bool
-        Capture the network (and the GP variance) in a CUDA graph per frame size.
-    precision : Precision
-        ``fp32``, or ``fp16`` as the TensorRT engine.
-    gpu_preprocess : bool
-        Upload the raw camera frame and resize and normalise it on the GPU; otherwise the
-        frame is resized on the host (OpenCV) as on the CPU path.
-    """
-
-    cuda_graph: bool = False
-    precision: Precision = Precision.FP32
-    gpu_preprocess: bool = False
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, 'precision', parse_precision(self.precision))
-        for name in ('cuda_graph', 'gpu_preprocess'):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f'{name} must be a bool, got {getattr(self, name)!r}')
-
-    @property
-    def eager_fp32(self) -> bool:
-        """Whether these are the plain eager FP32 settings of :class:`~uq_perception.
-        backends.TorchBackend` (no graph, FP32, host preprocessing)."""
-        return not self.cuda_graph and self.precision is Precision.FP32 \
-            and not self.gpu_preprocess
-
-    def describe(self) -> str:
-        """Short label, e.g. ``graph fp16 gpu-preprocess``."""
-        parts = ['graph' if self.cuda_graph else 'eager', self.precision.value]
-        if self.gpu_preprocess:
-            parts.append('gpu-preprocess')
-        return ' '.join(parts)
 
 
 def resize_normalise(frame: torch.Tensor, input_size: tuple[int, int],

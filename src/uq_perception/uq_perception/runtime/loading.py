@@ -18,9 +18,14 @@ from typing import TYPE_CHECKING, Any
 from uq_common.str_enum import StrEnum
 from uq_perception.detectors.contract import DetectorContract
 from uq_perception.detectors.model_files import model_format_mismatch
-from uq_perception.runtime.backends import BackendKind, create_backend_with_fallback
-from uq_perception.runtime.cuda_graph import CudaOptions, Precision
+from uq_perception.runtime.backend_choice import BackendKind, CudaOptions, Precision
 from uq_perception.runtime.onnx_adapter import OnnxAdapterConfig, OnnxDetector
+from uq_perception.runtime.onnx_checked import (
+    CheckedExport,
+    CheckedOnnxDetector,
+    read_checked_export,
+    write_checked_export,
+)
 from uq_perception.runtime.onnx_runtime import ExecutionProvider, parse_provider
 
 if TYPE_CHECKING:
@@ -55,6 +60,9 @@ class RuntimeSettings:
     cuda
         CUDA graph, precision and GPU preprocessing of ``pytorch-cuda``; anything but the
         eager FP32 defaults is refused for another backend.
+    torch_threads
+        CPU threads of torch, set when a start loads the torch model (a start from a
+        checked ONNX export imports no torch).
 
     Raises
     ------
@@ -69,6 +77,7 @@ class RuntimeSettings:
     onnx_threads: int = 1
     onnx_cache_dir: Path | None = None
     cuda: CudaOptions = CudaOptions()
+    torch_threads: int = 1
 
     def __post_init__(self) -> None:
         try:
@@ -121,12 +130,18 @@ class LoadedModel:
     model_format
         :class:`ModelFormat`.
     network
-        The :class:`~uq_perception.detectors.centernet.CenterNetDetector` (``torch``), or the
+        The :class:`~uq_perception.detectors.centernet.CenterNetDetector` (``torch``); for
+        ``torch`` on ``onnxruntime`` with a checked export of the file in the cache, that
+        export's :class:`~uq_perception.runtime.onnx_checked.CheckedExport` instead (the
+        torch model is read only if the GP turns out not to be checked); or the
         :class:`~uq_perception.runtime.onnx_adapter.OnnxDetector` (``onnx``, already running).
+    model_path
+        The file it was read from.
     """
 
     model_format: ModelFormat
     network: Any
+    model_path: Path | None = None
 
     @property
     def feature_dim(self) -> int:
@@ -171,9 +186,21 @@ def load_model(model_format: ModelFormat | str, model_path: str | Path,
         return LoadedModel(model_format, OnnxDetector(
             model_path, adapter or OnnxAdapterConfig(), runtime.onnx_provider,
             runtime.onnx_threads, runtime.onnx_cache_dir))
+    if runtime.backend is BackendKind.ONNXRUNTIME and \
+            runtime.onnx_provider is ExecutionProvider.CPU:
+        record = read_checked_export(model_path, runtime.onnx_cache_dir)
+        if record is not None:
+            return LoadedModel(model_format, record, Path(model_path))
+    return LoadedModel(model_format, _load_torch_model(model_path, runtime), Path(model_path))
+
+
+def _load_torch_model(model_path: str | Path, runtime: RuntimeSettings) -> Any:
+    import torch
+
     from uq_perception.detectors.centernet import load_detector
 
-    return LoadedModel(model_format, load_detector(model_path))
+    torch.set_num_threads(runtime.torch_threads)
+    return load_detector(model_path)
 
 
 def start_detector(loaded: LoadedModel, runtime: RuntimeSettings = RuntimeSettings(),
@@ -192,10 +219,26 @@ def start_detector(loaded: LoadedModel, runtime: RuntimeSettings = RuntimeSettin
     """
     if loaded.model_format is ModelFormat.ONNX:
         return loaded.network, ''
-    return create_backend_with_fallback(
-        runtime.backend, loaded.network, runtime.engine_path,
+    network = loaded.network
+    if isinstance(network, CheckedExport):
+        if gp is not None and network.checked_with(gp):
+            return CheckedOnnxDetector(network, runtime.onnx_threads), ''
+        assert loaded.model_path is not None  # load_model records it with the export
+        network = _load_torch_model(loaded.model_path, runtime)
+    from uq_perception.runtime.backends import OnnxRuntimeBackend, create_backend_with_fallback
+
+    backend, fallback = create_backend_with_fallback(
+        runtime.backend, network, runtime.engine_path,
         onnx_provider=runtime.onnx_provider, onnx_threads=runtime.onnx_threads,
         onnx_cache_dir=runtime.onnx_cache_dir, gp=gp, cuda=runtime.cuda)
+    if isinstance(backend, OnnxRuntimeBackend) and gp is not None and \
+            runtime.onnx_provider is ExecutionProvider.CPU and loaded.model_path is not None:
+        try:
+            write_checked_export(loaded.model_path, network, backend.prepared.path, gp,
+                                 runtime.onnx_cache_dir)
+        except OSError:
+            pass  # a cache that cannot be written only costs the next start its speed
+    return backend, fallback
 
 
 def open_detector(model_format: ModelFormat | str, model_path: str | Path,
@@ -288,4 +331,5 @@ def runtime_from_parameters(values: Mapping[str, Any]) -> RuntimeSettings:
         onnx_cache_dir=Path(values['onnx_cache_dir']).expanduser()
         if values['onnx_cache_dir'] else None,
         cuda=CudaOptions(cuda_graph=values['cuda_graph'], precision=values['precision'],
-                         gpu_preprocess=values['gpu_preprocess']))
+                         gpu_preprocess=values['gpu_preprocess']),
+        torch_threads=values['torch_threads'])
