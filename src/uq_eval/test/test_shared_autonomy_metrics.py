@@ -91,13 +91,17 @@ def test_stale_motion_counts_unattended_motion_after_the_stale_report_until_fres
                sample(1.0, 0, stale=True, xy=(0.06, 0.0)),
                sample(1.5, 0, stale=True, xy=(0.08, 0.0)),
                sample(2.0, 0, stale=True, operator_speed=0.05, xy=(0.09, 0.0)),
-               sample(2.5, 0, stale=True, xy=(0.19, 0.0)),   # the operator drove this step
-               sample(3.0, 0, xy=(0.5, 0.0))]                # fresh again: the window ends
-    moved = stale_motion(samples, onset=0.1, allowance_s=0.3, deadband=0.02, deadline_s=0.5)
-    assert moved['stale_motion_m'] == pytest.approx(0.02 + 0.01)
-    assert moved['stale_window_s'] == pytest.approx(1.5)
+               sample(2.2, 0, stale=True, xy=(0.19, 0.0)),   # the operator drove this step
+               sample(2.5, 0, stale=True, xy=(0.21, 0.0)),   # coasting on its last command
+               sample(3.0, 0, stale=True, xy=(0.23, 0.0)),   # 0.5 s quiet: counted
+               sample(3.5, 0, xy=(0.5, 0.0))]                # fresh again: the window ends
+    moved = stale_motion(samples, onset=0.1, allowance_s=0.3, deadband=0.02, deadline_s=0.5,
+                         operator_quiet_s=0.4)
+    assert moved['stale_motion_m'] == pytest.approx(0.02 + 0.01 + 0.02)
+    assert moved['stale_window_s'] == pytest.approx(2.0)
     assert moved['stale_after_s'] == pytest.approx(0.5)
-    never = stale_motion(samples[:2], onset=0.1, allowance_s=0.3, deadband=0.02, deadline_s=0.5)
+    never = stale_motion(samples[:2], onset=0.1, allowance_s=0.3, deadband=0.02,
+                         deadline_s=0.5, operator_quiet_s=0.4)
     assert never['stale_after_s'] is None and never['stale_motion_m'] == 0.0
     faulted = [{'seed': k, 'success': True, 'status': 'success', 'time_s': 5.0,
                 'lookalike': False, 'operator_share': 1.0, 'level_changes': 0,

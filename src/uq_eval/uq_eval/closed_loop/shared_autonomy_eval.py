@@ -35,6 +35,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, NoReturn
 
 from uq_common.arguments import domain_id, non_negative_int, positive_float, positive_int
@@ -60,6 +61,8 @@ CORRUPT_FRAMES = 15  # 1.5 s of the sim's 10 Hz camera
 # be still: braking from full speed (max_speed / max_accel) and a scheduling allowance.
 BRAKING_ALLOWANCE_S = 0.25 + 0.35
 PERCEPTION_DEADLINE_S = 0.5  # arbitration_node perception_deadline_s
+# The robot keeps a command for command_timeout_s (0.5 s), then brakes (0.25 s).
+OPERATOR_QUIET_S = 0.5 + 0.25
 # The time limit of a target-absent trial: the operator holds that long and nothing is
 # grasped; long enough for the autonomy to reach any look-alike (about 3 s).
 ABSENT_TIMEOUT_S = 10.0
@@ -192,6 +195,9 @@ def run(args: argparse.Namespace) -> int:
                 return code
     results = {suite: {policy: [done[(suite, policy, t['seed'])] for t in plans[suite]]
                        for policy in args.policies} for suite in suites}
+    for row in results.get('faults', {}).values():
+        for trial in row:
+            score_fault(trial)
     report = _report(results, args)
     (args.out / 'shared_autonomy.json').write_text(json.dumps(report, indent=2))
     (args.out / 'summary.md').write_text(markdown(report))
@@ -239,17 +245,15 @@ def _play(loop: Any, observer: Any, todo: list, journal: Path, done: dict, done_
                 # The onset on the timeline's clock (seconds from its first sample).
                 row['fault_onset'] = None if onset is None or not running \
                     else onset - running[0].t
-                if onset is not None:
-                    row.update(stale_motion(running, onset, BRAKING_ALLOWANCE_S, _DEADBAND,
-                                            PERCEPTION_DEADLINE_S))
-                else:
-                    row['stale_motion_m'] = 0.0
-                # The next trial starts with the detector back and perception fresh.
-                if not observer.wait_until_ready(120.0):
-                    print('uq eval shared-autonomy: perception did not come back after the '
-                          f'{fault} fault; logs in {loop.log_dir}', file=sys.stderr)
-                    return 1
+                # The next trial should start with the detector back. Perception also counts
+                # as stale while the autonomy has no target (after a wrong grasp, say), so
+                # a loop that stays stale is noted, not fatal: the next reset goes on.
+                if not observer.wait_until_ready(60.0):
+                    print(f'uq eval shared-autonomy: perception not reported fresh within 60 s '
+                          f'after the {fault} fault (dead: {loop.dead()}); going on',
+                          flush=True)
             row['timeline'] = _compact(samples, state)
+            score_fault(row)
             out.write(json.dumps(row) + '\n')
             out.flush()
             done[(suite, policy, trial['seed'])] = row
@@ -264,6 +268,24 @@ def _play(loop: Any, observer: Any, todo: list, journal: Path, done: dict, done_
                   f"{row['operator_share']:.2f}, {row['level_changes']} level changes{stale}",
                   flush=True)
     return 0
+
+
+def score_fault(row: dict) -> None:
+    """Add a fault trial's stale motion (from its timeline) to its row."""
+    if 'fault' not in row:
+        return
+    if row.get('fault_onset') is None:
+        row.update(stale_after_s=None, stale_window_s=0.0, stale_motion_m=0.0)
+        return
+    timeline = row['timeline']
+    samples = [SimpleNamespace(t=t, stale=stale, operator_speed=speed,
+                               gripper_x=math.nan if g[0] is None else g[0],
+                               gripper_y=math.nan if g[1] is None else g[1])
+               for t, stale, speed, g in zip(timeline['t'], timeline['stale'],
+                                             timeline['operator_speed'], timeline['gripper'],
+                                             strict=True)]
+    row.update(stale_motion(samples, row['fault_onset'], BRAKING_ALLOWANCE_S, _DEADBAND,
+                            PERCEPTION_DEADLINE_S, OPERATOR_QUIET_S))
 
 
 def _injector(loop: Any, observer: Any, fault: str):

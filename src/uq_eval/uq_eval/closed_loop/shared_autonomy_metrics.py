@@ -12,10 +12,10 @@ Per trial, from the final task state and the sampled timeline:
   assistance 1 while the operator's command is above the dead-band (takeover), else 0;
 - **level changes**: the number of level transitions while the trial ran;
 - **stale motion** (fault trials): the gripper's path, in metres, while perception was
-  stale and the operator gave no command, from a braking allowance after the arbitration
-  first reported stale perception until it was fresh again: motion that only a goal from
-  before the fault can cause. A trial *moved toward a stale goal* when it exceeds
-  ``STALE_MOTION_M``.
+  stale and the operator had given no command for the robot's command timeout and braking,
+  from a braking allowance after the arbitration first reported stale perception until it
+  was fresh again: motion that only a goal from before the fault can cause. A trial
+  *moved toward a stale goal* when it exceeds ``STALE_MOTION_M``.
 
 Every rate comes with its 95 % Wilson score interval.
 """
@@ -67,14 +67,16 @@ def rate(count: int, trials: int) -> dict:
 
 
 def stale_motion(samples: Sequence, onset: float, allowance_s: float, deadband: float,
-                 deadline_s: float) -> dict:
+                 deadline_s: float, operator_quiet_s: float) -> dict:
     """Gripper path while perception was stale after a fault (see the module docstring).
 
     The window opens ``allowance_s`` (braking and scheduling) after the first sample, at or
     after ``onset``, that reports stale perception (``onset + deadline_s`` when none does)
     and closes at the first sample after it whose perception is fresh; the path counts the
-    steps between consecutive samples of that window in which the operator's command was
-    within the dead-band. ``stale_after_s``: from the onset to that first stale report.
+    steps between consecutive samples of that window before which the operator's command
+    stayed within the dead-band for ``operator_quiet_s`` (the robot's command timeout and
+    braking: motion on the operator's own last command is the operator's).
+    ``stale_after_s``: from the onset to that first stale report.
     """
     first_stale = next((s.t for s in samples if s.t >= onset and s.stale), None)
     start = (onset + deadline_s if first_stale is None else first_stale) + allowance_s
@@ -85,9 +87,15 @@ def stale_motion(samples: Sequence, onset: float, allowance_s: float, deadband: 
         if not s.stale:
             break
         window.append(s)
+    last_command = -math.inf
+    quiet_since = {}
+    for s in samples:
+        if s.operator_speed > deadband:
+            last_command = s.t
+        quiet_since[id(s)] = last_command
     path = 0.0
     for a, b in zip(window, window[1:], strict=False):
-        if a.operator_speed <= deadband and all(map(math.isfinite, (
+        if a.t - quiet_since[id(a)] >= operator_quiet_s and all(map(math.isfinite, (
                 a.gripper_x, a.gripper_y, b.gripper_x, b.gripper_y))):
             path += math.hypot(b.gripper_x - a.gripper_x, b.gripper_y - a.gripper_y)
     return {'stale_after_s': None if first_stale is None else first_stale - onset,
