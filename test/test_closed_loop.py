@@ -2,7 +2,8 @@
 
 One loop for the module (domain 98): sim_robot_node, detector_node, arbitration_node,
 reach_policy_node and scripted_operator_node as separate processes, driven by the
-harness's observer node. The detector-kill test runs last and restarts the detector.
+harness's observer node. The hard trial runs under two policies, each with its operator
+mode and pinned level. The detector-kill test runs last and restarts the detector.
 """
 
 from __future__ import annotations
@@ -13,14 +14,26 @@ import time
 
 import pytest
 
+from uq_eval.closed_loop.lookalike_selection import load_selection
 from uq_eval.closed_loop.loop import ClosedLoop, LoopObserver, run_trial
-from uq_eval.closed_loop.shared_autonomy_metrics import score_trial, trial_samples
+from uq_eval.closed_loop.shared_autonomy_metrics import (
+    OPERATOR_MODE,
+    PINNED_LEVEL,
+    score_trial,
+    trial_samples,
+)
 
 DOMAIN = 98
 DEADLINE_S, PERIOD_S = 0.5, 0.05  # config/shared_autonomy.yaml, arbitration_node
 # Delivery and scheduling on a loaded 2-core machine, on top of deadline + one period.
 SCHEDULING_ALLOWANCE_S = 0.35
 CONFIDENT_SEED, LOOKALIKE_SEED = 0, 1
+# Trial 14 of `uq eval shared-autonomy --suite hard` (docs/shared_autonomy.md): the first
+# confident look-alike of config/confident_lookalikes.json and no target. Seen from this
+# place its calibrated score is above the climb threshold, so the gate holds teleoperation.
+HARD_SEED = 14
+HARD_TIMEOUT_S = 10.0
+FULL_AUTONOMY_TRIES = 3
 DEADBAND = 0.02
 
 
@@ -75,6 +88,41 @@ def test_lookalike_trial_grasps_the_target_and_hands_over_when_aiming_at_the_loo
         assert row['operator_share'] > 0.5, (row, reasons)
     else:
         assert all('calibrated_score' in r or 'perception stale' in r for r in reasons), reasons
+
+
+def test_a_confident_lookalike_fools_full_autonomy_and_not_the_gate(loop):
+    """No target on the table: full autonomy grasps the look-alike, the gated policy holds.
+
+    The autonomy's grasp races its own arm: once the gripper hides the look-alike, the
+    reach policy loses its goal and stops short of a grasp. On a loaded machine the late
+    frames make it overshoot and lose that race now and then, so full autonomy gets up to
+    ``FULL_AUTONOMY_TRIES`` tries; the gated policy one.
+    """
+    processes, observer = loop
+    shape = load_selection()['passed'][0]
+    extra = {'lookalike_shape': shape, 'timeout_s': HARD_TIMEOUT_S, 'target_absent': True}
+    rows: dict[str, list[dict]] = {'full_autonomy': [], 'gated': []}
+    try:
+        for policy, tries in (('full_autonomy', FULL_AUTONOMY_TRIES), ('gated', 1)):
+            processes.restart('scripted_operator_node',
+                              ['-p', f'mode:={OPERATOR_MODE[policy]}'])
+            level = PINNED_LEVEL[policy]
+            assert observer.set_level(-1 if level is None else level)
+            for _ in range(tries):
+                state, samples = run_trial(observer, HARD_SEED, True, HARD_TIMEOUT_S, extra)
+                rows[policy].append(score_trial(state, samples, DEADBAND))
+                if rows[policy][-1]['grasped'] == 'lookalike':
+                    break
+    finally:
+        processes.restart('scripted_operator_node', [])
+        assert observer.set_level(-1)
+    print('hard trial: ' + '; '.join(f"{p}: " + ', '.join(
+        f"{r['status']} ({r['grasped']}) in {r['time_s']:.1f} s, max level {r['max_level']}"
+        for r in tries) for p, tries in rows.items()))
+    assert rows['full_autonomy'][-1]['grasped'] == 'lookalike', rows['full_autonomy']
+    # The right outcome without a target: nothing grasped, the operator held.
+    gated = rows['gated'][0]
+    assert gated['grasped'] is None and gated['success'], gated
 
 
 def test_detector_killed_mid_task_falls_back_to_teleoperation_and_robot_stops(loop):

@@ -29,6 +29,7 @@ ASK_FOR_HELP = 'docs/ask_for_help.md'
 LABEL_LOAD = 'docs/benchmarks/label_store_load_60s.json'
 BAG_EVALUATION = 'docs/bag_evaluation.md'
 BAG_ARCHIVE = 'docs/benchmarks/bag_archive.json'
+SHARED_AUTONOMY = 'docs/benchmarks/shared_autonomy_suites.json'
 
 
 def _text(document: str) -> str:
@@ -96,6 +97,10 @@ QUOTED = [
     (BENCHMARKS, "GP variance reaches at worst {} / {} / {} (FashionMNIST / KMNIST / notMNIST), "
      'the ensemble at worst {} / {} / {}', SEED_STUDY,
      _worst('ntk_gp_auroc') + _worst('ensemble_auroc'), '.3f'),
+    # README: the shared-autonomy benchmark's headline.
+    (README, 'hard suite: wrong grasps {}/30 full autonomy, {}/30 gated', SHARED_AUTONOMY,
+     [('suites', 'hard', 'policies', policy, 'wrong_grasps', 'count')
+      for policy in ('full_autonomy', 'gated')], '.0f'),
 ]
 
 

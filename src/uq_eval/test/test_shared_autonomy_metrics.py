@@ -9,13 +9,16 @@ from uq_eval.closed_loop.shared_autonomy_metrics import (
     operator_weight,
     paired_time_ratio,
     score_trial,
+    stale_motion,
     summarise,
+    wilson_interval,
 )
 
 
-def sample(t, level, alpha=0.5, operator_speed=0.0, elapsed=1.0, trial=3):
-    return TimelineSample(t, trial, 'running', elapsed, level, 1e-4, alpha, False,
-                          operator_speed, 0.1, 0.1, 0.0, 0.0, 0)
+def sample(t, level, alpha=0.5, operator_speed=0.0, elapsed=1.0, trial=3, stale=False,
+           xy=(0.0, 0.0)):
+    return TimelineSample(t, trial, 'running', elapsed, level, 1e-4, alpha, stale,
+                          operator_speed, 0.1, 0.1, *xy, 0)
 
 
 def test_operator_weight_per_level():
@@ -48,3 +51,59 @@ def test_summary_and_paired_ratio():
     ratio = paired_time_ratio(a, b)
     assert ratio['pairs'] == 1 and ratio['ratio'] == pytest.approx(2.0)
     assert math.isnan(paired_time_ratio(a, [])['ratio'])
+
+
+def test_wilson_interval():
+    # 0 of n: the upper end is z^2 / (n + z^2), 11.35 % for 30 trials.
+    low, high = wilson_interval(0, 30)
+    assert low == 0.0 and high == pytest.approx(1.959964 ** 2 / (30 + 1.959964 ** 2))
+    low, high = wilson_interval(27, 30)
+    assert low < 0.9 < high and high < 1.0
+    # The interval of the complement mirrors it.
+    assert wilson_interval(3, 30) == pytest.approx(tuple(1 - v for v in (high, low)))
+    assert all(math.isnan(v) for v in wilson_interval(0, 0))
+    with pytest.raises(ValueError):
+        wilson_interval(4, 3)
+
+
+def test_a_trial_without_a_target_succeeds_by_holding_and_fails_by_any_grasp():
+    samples = [sample(0.1, 0), sample(0.2, 0)]
+    held = score_trial({'trial': 3, 'status': 'timeout', 'grasped': None, 'elapsed_s': 10.0,
+                        'target_present': False}, samples, 0.02)
+    assert held['success'] and not held['timeout'] and not held['wrong_grasp']
+    grasped = score_trial({'trial': 3, 'status': 'failure', 'grasped': 'lookalike',
+                           'elapsed_s': 3.0, 'target_present': False}, samples, 0.02)
+    assert not grasped['success'] and grasped['wrong_grasp']
+    late = score_trial({'trial': 3, 'status': 'timeout', 'grasped': None, 'elapsed_s': 45.0},
+                       samples, 0.02)
+    assert not late['success'] and late['timeout']
+    s = summarise([dict(held, kind='target_absent'), dict(grasped, kind='target_absent'),
+                   dict(late, kind='confident_lookalike')])
+    assert s['success']['count'] == 1 and s['wrong_grasps']['count'] == 1
+    assert s['timeouts']['count'] == 1 and math.isnan(s['mean_time_s'])
+    assert s['per_kind']['target_absent']['success']['trials'] == 2
+
+
+def test_stale_motion_counts_unattended_motion_after_the_stale_report_until_fresh():
+    samples = [sample(0.0, 3, xy=(0.0, 0.0)),
+               sample(0.4, 3, xy=(0.04, 0.0)),               # the fault is not noticed yet
+               sample(0.6, 0, stale=True, xy=(0.05, 0.0)),   # reported; braking allowance
+               sample(1.0, 0, stale=True, xy=(0.06, 0.0)),
+               sample(1.5, 0, stale=True, xy=(0.08, 0.0)),
+               sample(2.0, 0, stale=True, operator_speed=0.05, xy=(0.09, 0.0)),
+               sample(2.2, 0, stale=True, xy=(0.19, 0.0)),   # the operator drove this step
+               sample(2.5, 0, stale=True, xy=(0.21, 0.0)),   # coasting on its last command
+               sample(3.0, 0, stale=True, xy=(0.23, 0.0)),   # 0.5 s quiet: counted
+               sample(3.5, 0, xy=(0.5, 0.0))]                # fresh again: the window ends
+    moved = stale_motion(samples, onset=0.1, allowance_s=0.3, deadband=0.02, deadline_s=0.5,
+                         operator_quiet_s=0.4)
+    assert moved['stale_motion_m'] == pytest.approx(0.02 + 0.01 + 0.02)
+    assert moved['stale_window_s'] == pytest.approx(2.0)
+    assert moved['stale_after_s'] == pytest.approx(0.5)
+    never = stale_motion(samples[:2], onset=0.1, allowance_s=0.3, deadband=0.02,
+                         deadline_s=0.5, operator_quiet_s=0.4)
+    assert never['stale_after_s'] is None and never['stale_motion_m'] == 0.0
+    faulted = [{'seed': k, 'success': True, 'status': 'success', 'time_s': 5.0,
+                'lookalike': False, 'operator_share': 1.0, 'level_changes': 0,
+                'stale_motion_m': m, 'fault_onset': 1.0} for k, m in enumerate((0.0, 0.03))]
+    assert summarise(faulted)['moved_toward_stale_goal']['count'] == 1

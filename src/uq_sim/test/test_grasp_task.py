@@ -109,9 +109,62 @@ def test_a_valid_reset_request_is_parsed_with_its_defaults():
     ('{"seed": 1, "lookalike": 1}', 'lookalike'), ('{"seed": 1, "lookalike": 1.0}', 'lookalike'),
     ('{"seed": 1, "request_id": 1e3}', 'request_id'),
     ('{"seed": 1, "request_id": 9223372036854775808}', 'request_id'),
+    ('{"seed": 1, "lookalike_shape": -1}', 'lookalike_shape'),
+    ('{"seed": 1, "lookalike_shape": 2.0}', 'lookalike_shape'),
+    ('{"seed": 1, "lookalike_shape": 3, "lookalike": false}', 'lookalike is false'),
+    ('{"seed": 1, "target_absent": 1}', 'target_absent'),
+    ('{"seed": 1, "target_absent": true}', 'needs a look-alike'),
+    ('{"seed": 1, "timeout_s": 0.5}', 'timeout_s'), ('{"seed": 1, "timeout_s": "9"}', 'timeout_s'),
     ('[' * 1000, 'nested too deeply'), ('[1, 2]', 'JSON object'), ('seed=1', 'not JSON'),
     ('{"seed": 1, "pad": "' + 'x' * 2000 + '"}', 'characters long'),
 ])
 def test_a_malformed_reset_request_is_refused_by_rule(text, match):
     with pytest.raises(ValueError, match=match):
         parse_reset_request(text)
+
+
+def test_the_extended_reset_request_is_parsed():
+    assert parse_reset_request('{"seed": 4, "lookalike_shape": 7, "target_absent": true, '
+                               '"timeout_s": 10}') == ResetRequest(4, None, -1, 7, True, 10.0)
+
+
+def test_a_procedural_lookalike_keeps_its_shape_across_trials_and_the_layout_of_its_seed():
+    from uq_sim.procedural_scenes import procedural_family
+
+    plain = make_trial(5, lookalike=True)
+    shaped = make_trial(5, lookalike_shape=4)
+    assert [o.xy for o in shaped.objects] == [o.xy for o in plain.objects]
+    lookalike = shaped.lookalike_object
+    assert lookalike.class_name == procedural_family(4) and lookalike.shape_index == 4
+    # Shape 4 is one object: the same geoms and pose in every trial, only placed anew.
+    a = next(o for o in shaped.scene_spec().objects if o.name == 'lookalike')
+    b = next(o for o in make_trial(9, lookalike_shape=4).scene_spec().objects
+             if o.name == 'lookalike')
+    assert len(a.geoms) == len(b.geoms) and a.appearance == b.appearance and a.xy != b.xy
+    assert np.array_equal(a.rot, b.rot)
+    for ga, gb in zip(a.geoms, b.geoms, strict=True):
+        assert ga.type == gb.type and np.allclose(ga.size, gb.size)
+        assert ga.mesh is None or np.array_equal(ga.mesh.vertices, gb.mesh.vertices)
+    with pytest.raises(ValueError, match='needs a look-alike'):
+        make_trial(5, lookalike=False, lookalike_shape=4)
+
+
+def test_a_target_absent_trial_has_every_other_object_and_no_target():
+    present = make_trial(8, lookalike_shape=2)
+    absent = make_trial(8, lookalike_shape=2, target_absent=True)
+    assert absent.target is None and not absent.target_present
+    assert absent.objects == present.objects[1:]
+    state = json.loads(TaskMonitor(absent, start_time=0.0).to_json(0.5, np.zeros(3)))
+    assert state['target'] is None and state['target_present'] is False
+    with pytest.raises(ValueError, match='holds a look-alike'):
+        make_trial(8, lookalike=False, target_absent=True)
+
+
+def test_the_operator_holds_in_a_trial_without_a_target():
+    from uq_sim.scripted_operator import parse_task_state
+
+    trial = make_trial(8, lookalike_shape=2, target_absent=True)
+    goal = parse_task_state(TaskMonitor(trial, start_time=0.0).to_json(1.0, np.zeros(3)))
+    assert goal.target_xy is None and goal.running
+    with pytest.raises(ValueError, match='names none of the objects'):
+        parse_task_state('{"trial": 1, "status": "running", "target": "ghost", "objects": []}')

@@ -38,11 +38,12 @@ MAX_TASK_STATE_CHARS = 65536
 @dataclass(frozen=True)
 class TaskGoal:
     """What the operator takes from one ``task_state``: the trial, whether it runs, the
-    true target's table position and the trial's elapsed time."""
+    true target's table position (None when the trial has no target: the operator holds)
+    and the trial's elapsed time."""
 
     trial: int
     running: bool
-    target_xy: tuple[float, float]
+    target_xy: tuple[float, float] | None
     elapsed_s: float
 
 
@@ -60,8 +61,9 @@ def parse_task_state(text: str) -> TaskGoal:
     ------
     ValueError
         Naming the first rule broken: too long, not a JSON object, ``trial`` not an integer
-        >= 0, ``status`` not a string, ``target`` not the name of an entry of ``objects``,
-        its ``x``/``y`` or ``elapsed_s`` (default 0) not finite numbers.
+        >= 0, ``status`` not a string, ``target`` neither null (no target in the trial) nor
+        the name of an entry of ``objects``, its ``x``/``y`` or ``elapsed_s`` (default 0)
+        not finite numbers.
     """
     task = parse_json_object(text, 'task_state', MAX_TASK_STATE_CHARS)
     trial = task.get('trial')
@@ -73,12 +75,14 @@ def parse_task_state(text: str) -> TaskGoal:
     objects, name = task.get('objects'), task.get('target')
     if not isinstance(objects, list):
         raise ValueError('objects must be a list')
+    elapsed = _finite_number(task.get('elapsed_s', 0.0), 'elapsed_s')
+    if name is None:  # a trial without a target: nothing to reach for
+        return TaskGoal(trial, status == 'running', None, elapsed)
     target = next((o for o in objects if isinstance(o, dict) and o.get('name') == name), None)
     if not isinstance(name, str) or target is None:
         raise ValueError(f'target {name!r:.40} names none of the objects')
     xy = (_finite_number(target.get('x'), 'target x'), _finite_number(target.get('y'),
                                                                       'target y'))
-    elapsed = _finite_number(task.get('elapsed_s', 0.0), 'elapsed_s')
     return TaskGoal(trial, status == 'running', xy, elapsed)
 
 

@@ -97,7 +97,7 @@ class ScriptedOperatorNode(Node):
     def _on_task(self, msg: String) -> None:
         try:
             task = parse_task_state(msg.data)
-            if not task.running:
+            if not task.running or task.target_xy is None:
                 self._operator.clear_goal()
             elif task.trial != self._trial or task.elapsed_s <= 0.0:
                 self._operator.set_goal(task.target_xy, task.trial)

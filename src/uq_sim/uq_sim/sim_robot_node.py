@@ -14,6 +14,11 @@ staleness) and :mod:`uq_sim.grasp_task` (trial scenes, grasp decision) to ROS:
   pauses for ``reset_pause_s`` so downstream nodes see a gap between trials. A request
   that breaks :func:`uq_sim.grasp_task.parse_reset_request` (not a JSON object, seed not
   an integer in [0, 2^31 - 1], ...) is refused, counted and logged; the trial goes on.
+  The request may also name a procedural look-alike shape, leave the target out and set
+  the trial's time limit (:class:`uq_sim.grasp_task.ResetRequest`).
+- ``sim_fault`` (std_msgs/String, in, reliable): a camera fault mid-trial
+  (:mod:`uq_sim.sensor_faults`): the camera stops for a while, or sends torn frames. A
+  malformed request is refused, counted and logged.
 - every ``1 / physics_rate_hz``: the gripper is integrated and the task monitor advanced;
 - every ``1 / rate_hz``: ``image``, ``camera_info``, ``ground_truth`` (as the sim camera
   node), ``robot_pose`` (geometry_msgs/PoseStamped, frame ``world``, the tool point),
@@ -56,6 +61,7 @@ from uq_sim.grasp_task import (
 )
 from uq_sim.objects import KNOWN_CLASSES
 from uq_sim.robot import GripperLimits, VelocityGripper
+from uq_sim.sensor_faults import parse_fault_request
 
 NODE_NAME = 'sim_robot_node'
 
@@ -124,11 +130,15 @@ class SimRobotNode(Node):
         self._camera_pose_pub = self.create_publisher(PoseStamped, 'camera_pose', _LATCHED_QOS)
         self._monitor: TaskMonitor | None = None
         self._paused_until = 0.0
+        self._camera_stopped_until = 0.0
+        self._corrupt_frames_left = 0
         self._refused_resets = 0
+        self._refused_faults = 0
         self._start_trial(make_trial(p['seed'], _lookalike_choice(p['lookalike'])))
         self._last_step = time.monotonic()
         self.create_subscription(Twist, 'cmd_vel', self._on_cmd_vel, 10)
         self.create_subscription(String, 'reset_task', self._on_reset, _RELIABLE_QOS)
+        self.create_subscription(String, 'sim_fault', self._on_fault, _RELIABLE_QOS)
         self._physics_timer = self.create_timer(1.0 / p['physics_rate_hz'], self._on_physics)
         self._render_timer = self.create_timer(1.0 / p['rate_hz'], self._on_render)
         self.get_logger().info(
@@ -137,22 +147,28 @@ class SimRobotNode(Node):
             f"{p['command_timeout_s']} s")
 
     # --- trials ----------------------------------------------------------------------
-    def _start_trial(self, trial: TrialSpec, request_id: int = -1) -> None:
+    def _start_trial(self, trial: TrialSpec, request_id: int = -1,
+                     timeout_s: float | None = None) -> None:
         self._renderer.load(trial.scene_spec())
         self._gripper.reset(GRIPPER_HOME)
         now = time.monotonic()
         self._monitor = TaskMonitor(trial, now + self._params['reset_pause_s'],
-                                    timeout_s=self._params['timeout_s'], request_id=request_id)
+                                    timeout_s=timeout_s or self._params['timeout_s'],
+                                    request_id=request_id)
         self._paused_until = now + self._params['reset_pause_s']
+        self._camera_stopped_until, self._corrupt_frames_left = 0.0, 0
         self._publish_camera_pose()
         self._publish_task(now)
-        self.get_logger().info(f'trial {trial.seed}: target {trial.target_class} at '
-                               f'{trial.target.xy}, look-alike {trial.lookalike}')
+        where = 'absent' if trial.target is None else f'at {trial.target.xy}'
+        self.get_logger().info(f'trial {trial.seed}: target {trial.target_class} {where}, '
+                               f'look-alike {trial.lookalike}')
 
     def _on_reset(self, msg: String) -> None:
         try:
             request = parse_reset_request(msg.data)
-            trial = make_trial(request.seed, request.lookalike)
+            trial = make_trial(request.seed, request.lookalike,
+                               lookalike_shape=request.lookalike_shape,
+                               target_absent=request.target_absent)
         except (ValueError, RuntimeError) as exc:
             self._refused_resets += 1
             # The payload is shown cut short and as a repr: it may be huge or hold newlines.
@@ -160,7 +176,21 @@ class SimRobotNode(Node):
                 f'reset_task refused ({exc}; {self._refused_resets} refused so far), the '
                 f'trial goes on: {msg.data!r:.120}', throttle_duration_sec=2.0)
             return
-        self._start_trial(trial, request.request_id)
+        self._start_trial(trial, request.request_id, request.timeout_s)
+
+    def _on_fault(self, msg: String) -> None:
+        try:
+            fault = parse_fault_request(msg.data)
+        except ValueError as exc:
+            self._refused_faults += 1
+            self.get_logger().error(
+                f'sim_fault refused ({exc}; {self._refused_faults} refused so far): '
+                f'{msg.data!r:.120}', throttle_duration_sec=2.0)
+            return
+        if fault.camera_stop_s:
+            self._camera_stopped_until = time.monotonic() + fault.camera_stop_s
+        self._corrupt_frames_left += fault.corrupt_frames
+        self.get_logger().warning(f'camera fault injected: {fault}')
 
     # --- commands and physics --------------------------------------------------------
     def _on_cmd_vel(self, msg: Twist) -> None:
@@ -198,7 +228,7 @@ class SimRobotNode(Node):
         self._pose_pub.publish(PoseStamped(header=Header(stamp=stamp, frame_id='world'),
                                            pose=self._pose(position, (0.0, 0.0, 0.0, 1.0))))
         self._publish_task(now_steady)
-        if now_steady < self._paused_until:
+        if now_steady < max(self._paused_until, self._camera_stopped_until):
             return
         started = time.perf_counter()
         try:
@@ -210,7 +240,11 @@ class SimRobotNode(Node):
             return
         render_ms = 1e3 * (time.perf_counter() - started)
         header = Header(stamp=stamp, frame_id=self._params['frame_id'])
-        self._image_pub.publish(Image(header=header, **rgb_to_image_fields(frame.rgb)))
+        image = Image(header=header, **rgb_to_image_fields(frame.rgb))
+        if self._corrupt_frames_left > 0:
+            self._corrupt_frames_left -= 1
+            image.data = image.data[:len(image.data) // 2]
+        self._image_pub.publish(image)
         intr = frame.intrinsics
         self._info_pub.publish(CameraInfo(
             header=header, width=intr.width, height=intr.height, distortion_model='plumb_bob',
@@ -280,8 +314,8 @@ def main(args: list[str] | None = None) -> int:
     """Run the node (``--help`` lists the parameters without starting ROS)."""
     parser = node_argument_parser(
         NODE_NAME, __doc__.split('\n\n')[0], PARAMETERS, 'config/shared_autonomy.yaml',
-        'topics: sub cmd_vel, reset_task; pub image, camera_info, ground_truth, robot_pose, '
-        'task_state, camera_pose. Remap with --ros-args -r from:=to.')
+        'topics: sub cmd_vel, reset_task, sim_fault; pub image, camera_info, ground_truth, '
+        'robot_pose, task_state, camera_pose. Remap with --ros-args -r from:=to.')
     return run_node(SimRobotNode, parser, args)
 
 

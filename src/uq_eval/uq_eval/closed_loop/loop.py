@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,6 +205,7 @@ class LoopObserver:
         except ImportError:
             pass
         self._reset_pub = n.create_publisher(String, 'reset_task', reliable)
+        self._fault_pub = n.create_publisher(String, 'sim_fault', reliable)
         self._override = n.create_client(SetAutonomyOverride, 'set_autonomy_override')
         n.create_timer(1.0 / sample_hz, self._sample)
         self._executor = SingleThreadedExecutor(context=self.context)
@@ -278,11 +280,22 @@ class LoopObserver:
             time.sleep(0.02)
         return future.done() and future.result().success
 
-    def start_trial(self, seed: int, lookalike: bool | None, request_id: int) -> None:
-        """Ask the sim for trial ``seed``, tagged ``request_id``."""
+    def start_trial(self, seed: int, lookalike: bool | None, request_id: int,
+                    extra: dict | None = None) -> None:
+        """Ask the sim for trial ``seed``, tagged ``request_id``; ``extra`` adds fields of
+        the reset request (look-alike shape, target absent, time limit)."""
         payload = json.dumps({'seed': int(seed), 'lookalike': lookalike,
-                              'request_id': int(request_id)})
+                              'request_id': int(request_id), **(extra or {})})
         self._reset_pub.publish(self._string(data=payload))
+
+    def camera_fault(self, fault: dict) -> None:
+        """Inject a camera fault (``uq_sim.sensor_faults``) into the running trial."""
+        self._fault_pub.publish(self._string(data=json.dumps(fault)))
+
+    def perception_fresh(self) -> bool:
+        """Whether the arbitration node last reported usable perception."""
+        with self._lock:
+            return not self.stale
 
     def trial_state(self) -> dict:
         """The latest task state."""
@@ -304,21 +317,36 @@ class LoopObserver:
 
 
 def run_trial(observer: LoopObserver, seed: int, lookalike: bool | None,
-              timeout: float) -> tuple[dict, list[TimelineSample]]:
-    """Run trial ``seed`` to its end; returns its final task state and timeline."""
+              timeout: float, extra: dict | None = None,
+              fault: tuple[float, Callable[[], None]] | None = None
+              ) -> tuple[dict, list[TimelineSample]]:
+    """Run trial ``seed`` to its end; returns its final task state and timeline.
+
+    ``extra`` adds fields to the reset request. ``fault`` is ``(at_s, inject)``: ``inject()``
+    is called once, when the trial has run ``at_s`` seconds; the state then carries
+    ``fault_onset`` (the harness's steady clock, as the samples' ``t``).
+    """
     observer.take_samples()
     with observer._lock:
         observer.recording = True
     sent = time.monotonic()
     request_id = int(sent * 1000) % 2**31
-    observer.start_trial(seed, lookalike, request_id)
+    observer.start_trial(seed, lookalike, request_id, extra)
 
     def ours() -> bool:
         return observer.task.get('request_id') == request_id
 
     if not observer.wait_for(ours, 10.0):
         # The reset may have been lost while the sim was busy: send it once more.
-        observer.start_trial(seed, lookalike, request_id)
+        observer.start_trial(seed, lookalike, request_id, extra)
+    onset = None
+    if fault is not None:
+        at_s, inject = fault
+        if observer.wait_for(lambda: ours() and (observer.task.get('status') != 'running' or
+                                                 observer.task.get('elapsed_s', 0.0) >= at_s),
+                             timeout + 15.0) and observer.trial_state().get('status') == 'running':
+            onset = time.monotonic()
+            inject()
     ended = observer.wait_for(lambda: ours() and observer.task.get('status') != 'running',
                               timeout + 15.0)
     with observer._lock:
@@ -327,5 +355,7 @@ def run_trial(observer: LoopObserver, seed: int, lookalike: bool | None,
     if not ended:
         state = dict(state, status='harness_timeout', trial=seed,
                      elapsed_s=time.monotonic() - sent)
+    if onset is not None:
+        state['fault_onset'] = onset
     return state, observer.take_samples()
 

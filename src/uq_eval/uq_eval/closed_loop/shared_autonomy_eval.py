@@ -4,13 +4,26 @@ The whole graph runs as separate processes over DDS on a private ROS domain
 (:class:`uq_eval.closed_loop.loop.ClosedLoop`), in real time, started once for all trials.
 For each policy the level is pinned through ``set_autonomy_override`` (teleoperation: 0;
 full autonomy: 3, blind to uncertainty; gated: released, the uncertainty decides), then
-trials ``seed .. seed + N - 1`` are played one after another (``reset_task``). The
-scripted operator always drives under teleoperation, never under full autonomy, and
-under gated autonomy supervises: it drives while the level it sees is at most shared.
+the suite's trials are played one after another (``reset_task``), the same trials for
+every policy. The scripted operator always drives under teleoperation, never under full
+autonomy, and under gated autonomy supervises: it drives while the level it sees is at
+most shared.
 
-Writes ``OUT/shared_autonomy.json`` (per trial and per policy), ``OUT/summary.md`` (the
-policy table) and ``OUT/timeline.png`` (one gated look-alike trial: uncertainty, level,
-who drives, help requests).
+Suites (trial ``k`` has seed ``--seed + k``):
+
+- **easy**: the task as drawn (a torus look-alike in about 4 trials of 10);
+- **hard**: a confident look-alike (a procedural shape chosen by the rule of
+  :mod:`uq_eval.closed_loop.lookalike_selection`, in other trials than it was chosen in)
+  nearer than the target; every third trial leaves the target out (the right outcome is
+  no grasp: the operator holds until the time limit);
+- **faults**: a plain trial in which, ``FAULT_AT_S`` after its start, the camera stops for
+  2 s, the detector is killed and restarted, or a burst of torn frames arrives (in turn).
+  The right outcome: no motion toward a stale goal, and the trial completed afterwards.
+
+Every finished trial is appended to ``OUT/trials.jsonl`` at once; a rerun with the same
+``--out`` plays only the trials missing there. Writes ``OUT/shared_autonomy.json`` (per
+suite and policy), ``OUT/summary.md`` (one table per suite, 95 % Wilson intervals) and
+``OUT/hard_trial.png`` (one hard trial: what the gated and the full-autonomy runs did).
 """
 
 from __future__ import annotations
@@ -22,7 +35,8 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, NoReturn
 
 from uq_common.arguments import domain_id, non_negative_int, positive_float, positive_int
 from uq_eval.closed_loop.shared_autonomy_metrics import (
@@ -31,181 +45,404 @@ from uq_eval.closed_loop.shared_autonomy_metrics import (
     POLICIES,
     paired_time_ratio,
     score_trial,
+    stale_motion,
     summarise,
     trial_samples,
 )
 
 WORKSPACE = Path(__file__).resolve().parents[4]
 _DEADBAND = 0.02  # arbitration_node operator_deadband in config/shared_autonomy.yaml
+SUITES = ('easy', 'hard', 'faults')
+FAULTS = ('camera_stop', 'detector_restart', 'corrupt_frames')
+FAULT_AT_S = 1.2  # seconds into the trial: every policy is on its way by then
+CAMERA_STOP_S = 2.0
+CORRUPT_FRAMES = 15  # 1.5 s of the sim's 10 Hz camera
+# From the arbitration's first report of stale perception to the moment the gripper must
+# be still: braking from full speed (max_speed / max_accel) and a scheduling allowance.
+BRAKING_ALLOWANCE_S = 0.25 + 0.35
+PERCEPTION_DEADLINE_S = 0.5  # arbitration_node perception_deadline_s
+# The robot keeps a command for command_timeout_s (0.5 s), then brakes (0.25 s).
+OPERATOR_QUIET_S = 0.5 + 0.25
+# The time limit of a target-absent trial: the operator holds that long and nothing is
+# grasped; long enough for the autonomy to reach any look-alike (about 3 s).
+ABSENT_TIMEOUT_S = 10.0
+FAULT_TIMEOUT_S = 60.0  # room for the detector's restart
+
+
+def _one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """Bad arguments exit 2 with one line (no usage block)."""
+    def error(message: str) -> NoReturn:
+        parser.exit(2, f'{parser.prog}: error: {message}\n')
+    parser.error = error  # type: ignore[method-assign]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Closed-loop evaluation of teleoperation, full autonomy and gated autonomy."""
-    parser.add_argument('--trials', type=positive_int, default=30, help='trials per policy')
+    _one_line_errors(parser)
+    parser.add_argument('--suite', choices=(*SUITES, 'all'), default='easy',
+                        help='which trials: easy, hard (confident look-alikes, target '
+                             'absent), faults (camera, detector), or all three')
+    parser.add_argument('--trials', type=positive_int, default=30,
+                        help='trials per suite and policy')
     parser.add_argument('--quick', action='store_true',
                         help='3 trials per policy (one with a look-alike), for the tests')
     parser.add_argument('--seed', type=non_negative_int, default=0, help='first trial seed')
     parser.add_argument('--policies', nargs='+', default=list(POLICIES), choices=POLICIES)
     parser.add_argument('--out', type=Path, default=WORKSPACE / 'out' / 'shared_autonomy')
     parser.add_argument('--trial-timeout', type=positive_float, default=45.0, help='seconds')
+    parser.add_argument('--lookalikes', type=Path, default=None,
+                        help='the confident look-alike selection (default: the shipped '
+                             'config/confident_lookalikes.json)')
     parser.add_argument('--domain-id', type=domain_id, default=int(os.environ.get(
         'UQ_EVAL_DOMAIN_ID', '97')), help='ROS_DOMAIN_ID (kept private)')
     parser.set_defaults(run=run)
 
 
-def _trial_plan(args: argparse.Namespace) -> list[tuple[int, bool | None]]:
-    if args.quick:
-        return [(args.seed, False), (args.seed + 1, True), (args.seed + 2, False)]
-    return [(args.seed + k, None) for k in range(args.trials)]
+def trial_plan(suite: str, trials: int, seed: int, shapes: list[int] | None,
+               quick: bool = False) -> list[dict]:
+    """The trials of one suite, the same for every policy.
+
+    Each is a dict: ``seed``, ``kind`` and the reset request's extra fields (``extra``),
+    ``lookalike`` (True, False or None: drawn) and, in the faults suite, ``fault``.
+    """
+    if suite == 'easy':
+        if quick:
+            return [{'seed': seed, 'kind': 'plain', 'lookalike': False, 'extra': {}},
+                    {'seed': seed + 1, 'kind': 'lookalike', 'lookalike': True, 'extra': {}},
+                    {'seed': seed + 2, 'kind': 'plain', 'lookalike': False, 'extra': {}}]
+        return [{'seed': seed + k, 'kind': 'drawn', 'lookalike': None, 'extra': {}}
+                for k in range(trials)]
+    if suite == 'hard':
+        if not shapes:
+            raise ValueError('the hard suite needs at least one confident look-alike shape')
+        plan = []
+        for k in range(trials):
+            absent = k % 3 == 2
+            extra: dict[str, Any] = {'lookalike_shape': shapes[k % len(shapes)]}
+            if absent:
+                extra.update(target_absent=True, timeout_s=ABSENT_TIMEOUT_S)
+            plan.append({'seed': seed + k, 'kind': 'target_absent' if absent
+                         else 'confident_lookalike', 'lookalike': True, 'extra': extra})
+        return plan
+    if suite == 'faults':
+        return [{'seed': seed + k, 'kind': FAULTS[k % len(FAULTS)], 'lookalike': False,
+                 'fault': FAULTS[k % len(FAULTS)],
+                 'extra': {'timeout_s': FAULT_TIMEOUT_S}} for k in range(trials)]
+    raise ValueError(f'unknown suite {suite!r}; expected one of {SUITES}')
+
+
+def _load_done(path: Path) -> dict[tuple[str, str, int], dict]:
+    """The trials already in ``trials.jsonl`` (a torn last line, from a kill, is skipped)."""
+    done: dict[tuple[str, str, int], dict] = {}
+    if not path.exists():
+        return done
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+            done[(row['suite'], row['policy'], int(row['seed']))] = row
+        except (ValueError, KeyError, TypeError):
+            continue
+    return done
+
+
+def _shapes(args: argparse.Namespace) -> list[int] | None:
+    from uq_eval.closed_loop.lookalike_selection import (
+        SELECTION_SEED_BASE,
+        SHIPPED_SELECTION,
+        load_selection,
+    )
+    if args.seed + args.trials > SELECTION_SEED_BASE:
+        raise ValueError(f'hard trials must use other seeds than the look-alikes were chosen '
+                         f'in (from {SELECTION_SEED_BASE}); --seed + --trials is '
+                         f'{args.seed + args.trials}')
+    return list(load_selection(args.lookalikes or SHIPPED_SELECTION)['passed'])
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.trials < 1:
-        print('uq eval shared-autonomy: --trials must be >= 1', file=sys.stderr)
+    suites = list(SUITES) if args.suite == 'all' else [args.suite]
+    if args.quick and suites != ['easy']:
+        print('uq eval shared-autonomy: --quick plays the easy suite only', file=sys.stderr)
         return 2
-    from uq_eval.closed_loop.loop import ClosedLoop, LoopObserver, run_trial
+    try:
+        shapes = _shapes(args) if 'hard' in suites else None
+        plans = {suite: trial_plan(suite, args.trials, args.seed, shapes, args.quick)
+                 for suite in suites}
+    except ValueError as exc:
+        print(f'uq eval shared-autonomy: {exc}', file=sys.stderr)
+        return 2
+    from uq_eval.closed_loop.loop import ClosedLoop, LoopObserver
 
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ['ROS_DOMAIN_ID'] = str(args.domain_id)
-    plan = _trial_plan(args)
+    journal = args.out / 'trials.jsonl'
+    done = _load_done(journal)
+    planned = [(suite, policy, trial) for suite in suites for policy in args.policies
+               for trial in plans[suite]]
+    todo = [(suite, policy, trial) for suite, policy, trial in planned
+            if (suite, policy, trial['seed']) not in done]
+    print(f'uq eval shared-autonomy: {len(planned) - len(todo)} of {len(planned)} trials '
+          f'already in {journal}; {len(todo)} to play', flush=True)
     started = time.monotonic()
-    results: dict[str, list[dict]] = {}
-    timelines: dict[str, dict] = {}
-    with ClosedLoop(args.out / 'logs', args.domain_id) as loop:
-        observer = LoopObserver()
-        try:
-            if not observer.wait_until_ready(180.0):
-                print(f'uq eval shared-autonomy: the loop did not come up (dead: '
-                      f'{loop.dead()}); logs in {args.out / "logs"}', file=sys.stderr)
-                return 1
-            for policy in args.policies:
+    if todo:
+        with ClosedLoop(args.out / 'logs', args.domain_id) as loop:
+            observer = LoopObserver()
+            try:
+                code = _play(loop, observer, todo, journal, done, len(planned) - len(todo),
+                             len(planned), started, args.trial_timeout)
+            finally:
+                observer.close()
+            if code:
+                return code
+    results = {suite: {policy: [done[(suite, policy, t['seed'])] for t in plans[suite]]
+                       for policy in args.policies} for suite in suites}
+    for row in results.get('faults', {}).values():
+        for trial in row:
+            score_fault(trial)
+    report = _report(results, args)
+    (args.out / 'shared_autonomy.json').write_text(json.dumps(report, indent=2))
+    (args.out / 'summary.md').write_text(markdown(report))
+    if 'hard' in results:
+        plot_hard_trial(results['hard'], args.out / 'hard_trial.png')
+    print(markdown(report))
+    return 0
+
+
+def _play(loop: Any, observer: Any, todo: list, journal: Path, done: dict, done_before: int,
+          total: int, started: float, trial_timeout: float) -> int:
+    from uq_eval.closed_loop.loop import run_trial
+
+    if not observer.wait_until_ready(180.0):
+        print(f'uq eval shared-autonomy: the loop did not come up (dead: {loop.dead()}); '
+              f'logs in {loop.log_dir}', file=sys.stderr)
+        return 1
+    policy_now = None
+    played = 0
+    with journal.open('a') as out:
+        for suite, policy, trial in todo:
+            if policy != policy_now:
                 loop.restart('scripted_operator_node', ['-p', f'mode:={OPERATOR_MODE[policy]}'])
                 level = PINNED_LEVEL[policy]
                 if not observer.set_level(-1 if level is None else level):
                     print(f'uq eval shared-autonomy: override for {policy} refused',
                           file=sys.stderr)
                     return 1
-                rows = []
-                for seed, lookalike in plan:
-                    if loop.dead():
-                        print(f'uq eval shared-autonomy: nodes died: {loop.dead()}',
-                              file=sys.stderr)
-                        return 1
-                    state, samples = run_trial(observer, seed, lookalike, args.trial_timeout)
-                    row = score_trial(state, samples, _DEADBAND)
-                    row['timeline'] = _compact(samples, state)
-                    rows.append(row)
-                    print(f'[{policy}] trial {seed} look-alike={row["lookalike"]}: '
-                          f'{row["status"]} in {row["time_s"]:.1f} s, operator share '
-                          f'{row["operator_share"]:.2f}, {row["level_changes"]} level changes',
+                policy_now = policy
+            if loop.dead():
+                print(f'uq eval shared-autonomy: nodes died: {loop.dead()}', file=sys.stderr)
+                return 1
+            fault = trial.get('fault')
+            extra = {'timeout_s': trial_timeout, **trial['extra']}
+            state, samples = run_trial(
+                observer, trial['seed'], trial['lookalike'], extra['timeout_s'], extra,
+                None if fault is None else (FAULT_AT_S, _injector(loop, observer, fault)))
+            row = score_trial(state, samples, _DEADBAND)
+            row.update(suite=suite, policy=policy, kind=trial['kind'],
+                       lookalike_shape=trial['extra'].get('lookalike_shape'))
+            if fault is not None:
+                row['fault'] = fault
+                running = trial_samples(samples, state)
+                onset = state.get('fault_onset')
+                # The onset on the timeline's clock (seconds from its first sample).
+                row['fault_onset'] = None if onset is None or not running \
+                    else onset - running[0].t
+                # The next trial should start with the detector back. Perception also counts
+                # as stale while the autonomy has no target (after a wrong grasp, say), so
+                # a loop that stays stale is noted, not fatal: the next reset goes on.
+                if not observer.wait_until_ready(60.0):
+                    print(f'uq eval shared-autonomy: perception not reported fresh within 60 s '
+                          f'after the {fault} fault (dead: {loop.dead()}); going on',
                           flush=True)
-                    # Plot the first gated look-alike trial (else the first gated trial).
-                    if policy == 'gated' and ('gated' not in timelines or (
-                            row['lookalike'] and not timelines['gated']['lookalike'])):
-                        timelines['gated'] = {'lookalike': row['lookalike'], 'seed': seed,
-                                              'samples': samples, 'state': state}
-                results[policy] = rows
-        finally:
-            observer.close()
-    report = _report(results, time.monotonic() - started, args)
-    (args.out / 'shared_autonomy.json').write_text(json.dumps(report, indent=2))
-    (args.out / 'summary.md').write_text(_markdown(report))
-    if 'gated' in timelines:
-        _plot_timeline(timelines['gated'], args.out / 'timeline.png')
-    print(_markdown(report))
+            row['timeline'] = _compact(samples, state)
+            score_fault(row)
+            out.write(json.dumps(row) + '\n')
+            out.flush()
+            done[(suite, policy, trial['seed'])] = row
+            played += 1
+            rate_s = (time.monotonic() - started) / played
+            remaining = len(todo) - played
+            stale = f", stale motion {row['stale_motion_m'] * 1000:.0f} mm" \
+                if 'stale_motion_m' in row else ''
+            print(f"[{done_before + played}/{total}, about {remaining * rate_s / 60:.0f} min left] "
+                  f"{suite} {policy} seed {trial['seed']} ({trial['kind']}): {row['status']} "
+                  f"(grasped {row['grasped']}) in {row['time_s']:.1f} s, operator share "
+                  f"{row['operator_share']:.2f}, {row['level_changes']} level changes{stale}",
+                  flush=True)
     return 0
+
+
+def score_fault(row: dict) -> None:
+    """Add a fault trial's stale motion (from its timeline) to its row."""
+    if 'fault' not in row:
+        return
+    if row.get('fault_onset') is None:
+        row.update(stale_after_s=None, stale_window_s=0.0, stale_motion_m=0.0)
+        return
+    timeline = row['timeline']
+    samples = [SimpleNamespace(t=t, stale=stale, operator_speed=speed,
+                               gripper_x=math.nan if g[0] is None else g[0],
+                               gripper_y=math.nan if g[1] is None else g[1])
+               for t, stale, speed, g in zip(timeline['t'], timeline['stale'],
+                                             timeline['operator_speed'], timeline['gripper'],
+                                             strict=True)]
+    row.update(stale_motion(samples, row['fault_onset'], BRAKING_ALLOWANCE_S, _DEADBAND,
+                            PERCEPTION_DEADLINE_S, OPERATOR_QUIET_S))
+
+
+def _injector(loop: Any, observer: Any, fault: str):
+    def inject() -> None:
+        if fault == 'camera_stop':
+            observer.camera_fault({'camera_stop_s': CAMERA_STOP_S})
+        elif fault == 'corrupt_frames':
+            observer.camera_fault({'corrupt_frames': CORRUPT_FRAMES})
+        else:
+            loop.kill('detector_node')
+            loop.start('detector_node', dict(loop.nodes)['detector_node'])
+    return inject
 
 
 def _compact(samples: list, state: dict) -> dict:
     """The trial's samples as columns (seconds from the first running sample)."""
     running = trial_samples(samples, state)
     t0 = running[0].t if running else 0.0
+
+    def finite(value: float, digits: str = '{:.4g}') -> float | None:
+        return None if not math.isfinite(value) else float(digits.format(value))
     return {'t': [round(s.t - t0, 3) for s in running],
             'level': [s.level for s in running],
-            'uncertainty': [None if math.isnan(s.uncertainty) else float(f'{s.uncertainty:.4g}')
-                            for s in running],
+            'uncertainty': [finite(s.uncertainty) for s in running],
+            'blend_alpha': [round(s.blend_alpha, 3) for s in running],
+            'stale': [bool(s.stale) for s in running],
             'operator_speed': [round(s.operator_speed, 3) for s in running],
-            'autonomy_speed': [round(s.autonomy_speed, 3) for s in running]}
+            'autonomy_speed': [round(s.autonomy_speed, 3) for s in running],
+            'gripper': [[finite(s.gripper_x), finite(s.gripper_y)] for s in running],
+            'objects': [{k: o.get(k) for k in ('name', 'class', 'x', 'y')}
+                        for o in state.get('objects', []) if isinstance(o, dict)]}
 
 
-def _report(results: dict[str, list[dict]], wall_s: float, args: argparse.Namespace) -> dict:
-    policies = {policy: summarise(rows) for policy, rows in results.items()}
-    targets: dict[str, Any] = {}
-    report: dict[str, Any] = {
-        'command': 'uq eval shared-autonomy ' + ('--quick' if args.quick
-                                                 else f'--trials {args.trials}'),
-        'wall_time_s': wall_s, 'policies': policies, 'trials': results, 'targets': targets}
-    if 'gated' in results:
-        targets['gated_success_rate'] = policies['gated']['success_rate']
-        if 'teleoperation' in results:
-            targets['gated_over_teleoperation'] = paired_time_ratio(
-                results['gated'], results['teleoperation'])
-        if 'full_autonomy' in results:
-            targets['gated_over_full_autonomy'] = paired_time_ratio(
-                results['gated'], results['full_autonomy'])
-            targets['full_autonomy_lookalike_success_rate'] = (
-                policies['full_autonomy']['lookalike_success_rate'])
-    return report
+def _report(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace) -> dict:
+    suites: dict[str, Any] = {}
+    for suite, by_policy in results.items():
+        policies = {policy: summarise(rows) for policy, rows in by_policy.items()}
+        ratios = {}
+        if 'gated' in by_policy:
+            for other in ('teleoperation', 'full_autonomy'):
+                if other in by_policy:
+                    ratios[f'gated_over_{other}'] = paired_time_ratio(by_policy['gated'],
+                                                                      by_policy[other])
+        suites[suite] = {'policies': policies, 'time_ratios': ratios}
+    command = 'uq eval shared-autonomy ' + (
+        '--quick' if args.quick else f'--suite {args.suite} --trials {args.trials}')
+    if args.seed:
+        command += f' --seed {args.seed}'
+    trials = {suite: {policy: [{k: v for k, v in row.items() if k != 'timeline'}
+                               for row in rows] for policy, rows in by_policy.items()}
+              for suite, by_policy in results.items()}
+    return {'command': command, 'suites': suites, 'trials': trials}
 
 
-def _fmt(value: float, pattern: str) -> str:
+def _fmt(value: Any, pattern: str) -> str:
     return '—' if value is None or (isinstance(value, float) and math.isnan(value)) \
         else pattern.format(value)
 
 
-def _markdown(report: dict) -> str:
-    lines = [f"`{report['command']}` ({report['wall_time_s']:.0f} s wall time)", '',
-             '| policy | trials | success | success on look-alike trials | mean time to '
-             'grasp (s) | operator share | level changes / trial |',
-             '|---|---|---|---|---|---|---|']
-    for policy, s in report['policies'].items():
-        lines.append(
-            f"| {policy} | {s['trials']} | {_fmt(100 * s['success_rate'], '{:.1f} %')} | "
-            f"{_fmt(100 * s['lookalike_success_rate'], '{:.0f} %')} "
-            f"({s['lookalike_trials']}) | {_fmt(s['mean_time_s'], '{:.1f}')} | "
-            f"{_fmt(s['operator_share'], '{:.2f}')} | "
-            f"{_fmt(s['level_changes_per_trial'], '{:.1f}')} |")
-    t = report['targets']
-    for key, label in (('gated_over_teleoperation', 'gated / teleoperation'),
-                       ('gated_over_full_autonomy', 'gated / full autonomy')):
-        if key in t:
-            lines.append(f"\nMean time {label} on the {t[key]['pairs']} trials both "
-                         f"completed: {_fmt(t[key]['ratio'], '{:.2f}')}")
+def _rate_cell(r: dict) -> str:
+    if not r['trials']:
+        return '—'
+    return (f"{r['count']}/{r['trials']} ({100 * r['rate']:.0f} %, "
+            f"{100 * r['low']:.0f}–{100 * r['high']:.0f})")
+
+
+def markdown(report: dict) -> str:
+    """One table per suite: rates as count/trials (percent, 95 % Wilson interval)."""
+    lines = [f"`{report['command']}`"]
+    for suite, body in report['suites'].items():
+        faults = suite == 'faults'
+        lines += ['', f'**{suite}**', '',
+                  '| policy | success | wrong grasps | timeouts | time to grasp (s) | '
+                  'operator share | level changes / trial |'
+                  + (' moved toward a stale goal |' if faults else ''),
+                  '|---|---|---|---|---|---|---|' + ('---|' if faults else '')]
+        for policy, s in body['policies'].items():
+            lines.append(
+                f"| {policy} | {_rate_cell(s['success'])} | {_rate_cell(s['wrong_grasps'])} | "
+                f"{_rate_cell(s['timeouts'])} | {_fmt(s['mean_time_s'], '{:.1f}')} | "
+                f"{_fmt(s['operator_share'], '{:.2f}')} | "
+                f"{_fmt(s['level_changes_per_trial'], '{:.1f}')} |"
+                + (f" {_rate_cell(s['moved_toward_stale_goal'])} |" if faults else ''))
+        for key, ratio in body['time_ratios'].items():
+            label = key.replace('_over_', ' / ').replace('_', ' ')
+            lines.append(f"\nMean time to grasp, {label}, on the {ratio['pairs']} trials "
+                         f"both completed by a grasp: {_fmt(ratio['ratio'], '{:.2f}')}")
+        kinds = {policy: s.get('per_kind', {}) for policy, s in body['policies'].items()}
+        if suite == 'hard' and any(kinds.values()):
+            lines.append('')
+            for policy, per_kind in kinds.items():
+                parts = [f"{kind}: success {_rate_cell(k['success'])}, wrong grasps "
+                         f"{_rate_cell(k['wrong_grasps'])}" for kind, k in per_kind.items()]
+                lines.append(f"- {policy}: " + '; '.join(parts))
     return '\n'.join(lines) + '\n'
 
 
-def _plot_timeline(timeline: dict, path: Path) -> None:
+def _hard_example(by_policy: dict[str, list[dict]]) -> tuple[dict, dict | None] | None:
+    """A confident look-alike trial that gated completed and full autonomy got wrong
+    (else the first gated confident look-alike trial)."""
+    gated = [r for r in by_policy.get('gated', []) if r.get('kind') == 'confident_lookalike']
+    full = {r['seed']: r for r in by_policy.get('full_autonomy', [])}
+    for row in gated:
+        other = full.get(row['seed'])
+        if row['success'] and other is not None and other.get('wrong_grasp'):
+            return row, other
+    return (gated[0], full.get(gated[0]['seed'])) if gated else None
+
+
+def plot_hard_trial(by_policy: dict[str, list[dict]], path: Path) -> bool:
+    """Plot one hard trial (see :func:`_hard_example`); False when there is none."""
+    example = _hard_example(by_policy)
+    if example is None:
+        return False
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
-    samples = trial_samples(timeline['samples'], timeline['state'])
-    if not samples:
-        return
-    t0 = samples[0].t
-    t = [s.t - t0 for s in samples]
-    fig, axes = plt.subplots(4, 1, figsize=(8, 7), sharex=True)
-    axes[0].plot(t, [s.uncertainty for s in samples], color='tab:red')
-    axes[0].set_ylabel('calibrated score\n(autonomy target)')
-    axes[1].step(t, [s.level for s in samples], where='post')
-    axes[1].set_ylabel('level')
-    axes[1].set_yticks([0, 1, 2, 3])
-    from uq_eval.closed_loop.shared_autonomy_metrics import operator_weight
-    axes[2].fill_between(t, [operator_weight(s.level, s.blend_alpha, s.operator_speed,
-                                             _DEADBAND) for s in samples],
-                         step='post', alpha=0.5, label='operator')
-    axes[2].set_ylabel('operator share')
-    axes[2].set_ylim(0, 1.05)
-    axes[3].step(t, [s.help_requests - samples[0].help_requests for s in samples],
-                 where='post', color='tab:purple')
-    axes[3].set_ylabel('help requests')
-    axes[3].set_xlabel('time since trial start (s)')
-    state = timeline['state']
-    fig.suptitle(f"gated trial {timeline['seed']} (look-alike: {timeline['lookalike']}): "
-                 f"{state.get('status')} in {state.get('elapsed_s', math.nan):.1f} s")
+    gated, full = example
+    fig, axes = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
+    objects = {o['name']: o for o in gated['timeline']['objects']}
+
+    def distance_to(row: dict, name: str) -> list[float]:
+        o = objects[name]
+        return [math.nan if None in g else math.hypot(g[0] - o['x'], g[1] - o['y'])
+                for g in row['timeline']['gripper']]
+    for row, style in ((gated, '-'), (full, '--')):
+        if row is None:
+            continue
+        t = row['timeline']['t']
+        for name, colour in (('target', 'tab:green'), ('lookalike', 'tab:red')):
+            if name in objects:
+                axes[0].plot(t, distance_to(row, name), style, color=colour,
+                             label=f"{row['policy']}: to the {name}")
+    axes[0].set_ylabel('gripper distance (m)')
+    axes[0].legend(fontsize=7)
+    t = gated['timeline']['t']
+    axes[1].plot(t, [math.nan if u is None else u for u in gated['timeline']['uncertainty']],
+                 color='tab:red')
+    axes[1].set_ylabel('calibrated score\n(autonomy target)')
+    axes[2].step(t, gated['timeline']['level'], where='post', label='gated level')
+    if full is not None:
+        axes[2].step(full['timeline']['t'], full['timeline']['level'], '--', where='post',
+                     label='full autonomy level')
+    axes[2].set_ylabel('level')
+    axes[2].set_yticks([0, 1, 2, 3])
+    axes[2].legend(fontsize=7)
+    axes[2].set_xlabel('time since trial start (s)')
+    title = (f"hard trial {gated['seed']} (look-alike shape {gated['lookalike_shape']}): "
+             f"gated {gated['status']} ({gated['grasped']})")
+    if full is not None:
+        title += f", full autonomy {full['status']} ({full['grasped']})"
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return True
 
 
 def main() -> int:

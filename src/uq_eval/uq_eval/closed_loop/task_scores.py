@@ -58,9 +58,11 @@ def object_scores(seeds: Sequence[int], fractions: Sequence[float],
     with SceneRenderer(320, 240) as renderer:
         for seed in seeds:
             trial = make_trial(seed)
+            target = trial.target
+            assert target is not None  # a trial drawn without target_absent holds one
             renderer.load(trial.scene_spec())
             for fraction in fractions:
-                x, y = home + fraction * (np.array(trial.target.xy) - home)
+                x, y = home + fraction * (np.array(target.xy) - home)
                 renderer.set_gripper_pose((x, y, 0.12), math.pi / 2)
                 frame = renderer.render(visibility=False)
                 result = perception.process(frame.rgb)
