@@ -91,7 +91,8 @@ def test_onnx_detector_fit_report_and_artefact(tmp_path, capsys, onnx_model):
     rows = {row['score']: row for row in report['unknown']['scores']}
     # The quadrant DETR's head is sigmoid: its lower-quantile confidence is the sigmoid's.
     assert list(rows) == ['gp_variance', 'predictive_entropy', 'mutual_information',
-                          'predictive_msp', 'predictive_lcb_sigmoid', 'calibrated_score', 'msp',
+                          'predictive_msp', 'predictive_lcb_sigmoid', 'predictive_lcb_energy',
+                          'calibrated_score', 'msp',
                           'max_logit', 'energy', 'mahalanobis', 'knn', 'fused_gp_msp']
     assert rows['gp_variance']['auroc'] == report['unknown']['auroc']
     assert all(0.0 <= r['auroc'] <= 1.0 and 0.0 <= r['fpr95'] <= 1.0 for r in rows.values())

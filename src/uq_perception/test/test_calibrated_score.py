@@ -272,5 +272,12 @@ def test_the_lower_quantile_confidence_by_hand():
     # More GP variance, less confidence, whatever the logits.
     wider = score_signal('predictive_lcb_sigmoid', logits, variance + 1.0, zeros, zeros, logits)
     assert (wider > sigmoid).all()
+    # Energy at the logits' lower quantile, through a sigmoid: logsumexp(f - 2 sigma) is
+    # log(e + e^-1 + e^-2) in the first row, 0.5 + log 3 in the second.
+    energy = score_signal('predictive_lcb_energy', logits, variance, zeros, zeros, logits)
+    np.testing.assert_allclose(energy, [
+        1 / (1 + math.exp(1) + math.exp(-1) + math.exp(-2)), 1 / (1 + 3 * math.exp(0.5))])
+    assert score_signal('predictive_lcb_energy', logits[:0], variance[:0], zeros[:0],
+                        zeros[:0], logits[:0]).shape == (0,)
     with pytest.raises(ValueError, match='unknown score signal'):
         score_signal('energy', logits, variance, zeros, zeros, logits)

@@ -734,7 +734,7 @@ def predictive_signals(gp: LastLayerNTKGP, features: np.ndarray, logits: np.ndar
 
     out = gp.predict(features, logits)
     names = ('gp_variance', 'predictive_entropy', 'mutual_information', 'predictive_msp',
-             f'predictive_lcb_{activation}')
+             f'predictive_lcb_{activation}', 'predictive_lcb_energy')
     signals = {name: score_signal(name, out.logits, out.gp_variance, out.predictive_entropy,
                                   out.mutual_information, out.probabilities) for name in names}
     if out.calibrated_score is not None:

@@ -48,11 +48,15 @@ _MAX_TEXT = 200
 #: part of that entropy); ``1 - max E p``, one minus the predictive max probability; and one
 #: minus the detector's confidence at the lower two-sigma quantile of its top logit, with
 #: the detector's sigmoid or softmax (``predictive_lcb_*``): low where the logits say
-#: unsure, lower still where the GP does.
+#: unsure, lower still where the GP does; and the energy ``-logsumexp`` of the logits at
+#: their lower two-sigma quantile, through a sigmoid to keep it in [0, 1]
+#: (``predictive_lcb_energy``; the last-layer kernel gives every class the same variance,
+#: so it ranks as the energy plus two standard deviations).
 SCORE_SIGNALS = ('gp_variance', 'predictive_entropy', 'mutual_information',
-                 'predictive_msp', 'predictive_lcb_sigmoid', 'predictive_lcb_softmax')
-#: Standard deviations below the mean of the top logit at which ``predictive_lcb_*`` reads
-#: the confidence (its 2.3 % quantile under the GP predictive).
+                 'predictive_msp', 'predictive_lcb_sigmoid', 'predictive_lcb_softmax',
+                 'predictive_lcb_energy')
+#: Standard deviations below the mean of the logits at which ``predictive_lcb_*`` reads
+#: the confidence or the energy (their 2.3 % quantile under the GP predictive).
 LCB_SIGMAS = 2.0
 # Least spread of the reference's variances, relative to the largest, that ranks detections.
 MIN_RELATIVE_SPREAD = 1e-6

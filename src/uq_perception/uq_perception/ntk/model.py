@@ -1230,6 +1230,16 @@ def score_signal(signal: str, logits: np.ndarray, variance: np.ndarray, entropy:
         return np.maximum(mutual, 0.0)
     if signal == 'predictive_msp':
         return 1.0 - probabilities.max(axis=1, initial=0.0)
+    if signal == 'predictive_lcb_energy':
+        if not len(logits):
+            return np.zeros(0)
+        f = np.asarray(logits, np.float64)
+        top = f.max(axis=1)
+        log_sum_exp = top + np.log(np.exp(f - top[:, None]).sum(axis=1))
+        # logsumexp(f - k sd) with one sd for every class: the energy's negative, lowered by
+        # k sd; through a sigmoid so that, like every signal, it is non-negative.
+        lowered = log_sum_exp - LCB_SIGMAS * np.sqrt(np.maximum(variance, 0.0))
+        return 1.0 / (1.0 + np.exp(np.clip(lowered, -700, 700)))
     if signal in ('predictive_lcb_sigmoid', 'predictive_lcb_softmax'):
         if not len(logits):
             return np.zeros(0)
