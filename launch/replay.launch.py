@@ -26,22 +26,25 @@ import subprocess
 from pathlib import Path
 
 from ament_index_python.packages import PackageNotFoundError, get_package_prefix
-from launch import LaunchContext, LaunchDescription
+from launch import Event, LaunchContext, LaunchDescription
 from launch.actions import (
     DeclareLaunchArgument,
     EmitEvent,
     ExecuteProcess,
     IncludeLaunchDescription,
+    LogInfo,
     OpaqueFunction,
     RegisterEventHandler,
 )
+from launch.event_handler import EventHandler
 from launch.event_handlers import OnProcessExit
 from launch.events import Shutdown
 from launch.launch_description_sources import PythonLaunchDescriptionSource
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
-from launch_ros.event_handlers import OnStateTransition
-from launch_ros.events.lifecycle import StateTransition
+from launch_ros.ros_adapters import get_ros_node
 from launch_ros.substitutions import FindPackageShare
+
+from uq_common.lifecycle_state import wait_for_state
 
 SHARE = FindPackageShare('uq_bringup')
 # Packages whose lib/<package>/ may hold the `uq` console script.
@@ -98,11 +101,29 @@ def _replay(context: LaunchContext) -> list:
         return actions
     # The first frames would be lost on a detector still loading its model: start the
     # replay once the detector is active (once: a respawned detector does not restart it).
-    return [RegisterEventHandler(OnStateTransition(
-        matcher=lambda event: (isinstance(event, StateTransition)
-                               and event.action.node_name.endswith('/detector_node')
-                               and event.goal_state == 'active'),
-        entities=actions, handle_once=True))]
+    # Asked through get_state: the detector activates itself, and its transition events
+    # can be published before this process's subscription is matched.
+    namespace = context.launch_configurations.get('namespace', '').strip('/')
+    detector = '/' + '/'.join(part for part in (namespace, 'detector_node') if part)
+    node = get_ros_node(context)
+
+    def announce_when_active() -> None:
+        if wait_for_state(node, detector, 'active', lambda: context.is_shutdown):
+            context.asyncio_loop.call_soon_threadsafe(context.emit_event_sync,
+                                                      _DetectorActive())
+
+    context.add_completion_future(
+        context.asyncio_loop.run_in_executor(None, announce_when_active))
+    return [RegisterEventHandler(EventHandler(
+        matcher=lambda event: isinstance(event, _DetectorActive),
+        entities=[LogInfo(msg='detector_node is active: replaying the bag'), *actions],
+        handle_once=True))]
+
+
+class _DetectorActive(Event):
+    """The detector answered ``active`` to ``get_state``."""
+
+    name = 'uq_bringup.replay.detector_active'
 
 
 def generate_launch_description() -> LaunchDescription:

@@ -7,16 +7,18 @@
 Nodes (all in ``namespace``):
 
 - ``detector_node`` (uq_perception), a managed (lifecycle) node. With ``autostart:=true``
-  (default) this launch file configures it as soon as its process starts and activates it
-  once it reaches ``inactive``, through launch_ros lifecycle events (``ChangeState`` /
-  ``OnStateTransition``); the node's own ``autostart`` parameter stays false. With
+  (default) its own ``autostart`` parameter is set: each process configures and activates
+  itself as soon as it starts, and this launch file logs ``detector_node is active`` once
+  the process answers ``active`` to ``get_state`` (``_LogWhenActive``). With
   ``autostart:=false`` it waits unconfigured for a lifecycle manager or
-  ``ros2 lifecycle set <ns>/detector_node configure``. The ``configure`` event is emitted
-  once the new process is discovered on DDS (see ``_ConfigureWhenDiscovered``).
+  ``ros2 lifecycle set <ns>/detector_node configure``.
   **Respawn:** if the detector process dies, launch reports it (``process has died``) and
   starts it again after ``respawn_delay`` seconds (``respawn:=false`` turns this off); the
-  new process is configured and activated again by the same events. While it is down the
-  arbitration node sees no detections and falls back to teleoperation within its
+  new process configures and activates itself again. It does not wait for a request from
+  this launch process: after a SIGKILL, what the others send to the new process is held up
+  for 1-2 s by their shared-memory transport, which still maps the dead process's port
+  (docs/dds.md), and the restart has 3 s (docs/performance.md, "Restart"). While it is down
+  the arbitration node sees no detections and falls back to teleoperation within its
   perception deadline.
 - ``arbitration_node`` (uq_autonomy): autonomy level from the detections' uncertainty.
 - ``ask_for_help_node`` (uq_autonomy), unless ``ask_for_help:=false``.
@@ -43,30 +45,25 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
+import launch.logging
 import yaml
 from launch import LaunchContext, LaunchDescription
 from launch.actions import (
     DeclareLaunchArgument,
-    EmitEvent,
-    LogInfo,
     OpaqueFunction,
     RegisterEventHandler,
     SetEnvironmentVariable,
 )
 from launch.event_handlers import OnProcessStart
-from launch.events import matches_action
 from launch.substitutions import EnvironmentVariable, LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import LifecycleNode, Node
-from launch_ros.event_handlers import OnStateTransition
-from launch_ros.events.lifecycle import ChangeState
 from launch_ros.ros_adapters import get_ros_node
 from launch_ros.substitutions import FindPackageShare
-from lifecycle_msgs.msg import Transition
 
+from uq_common.lifecycle_state import wait_for_state
 from uq_perception.detectors.model_files import model_format_mismatch
 
 BACKENDS = ('onnxruntime', 'pytorch-cpu', 'pytorch-cuda', 'tensorrt')
@@ -238,18 +235,13 @@ def _profile_files(config_dir: Path, profile: str, node: str) -> list[Path]:
     return [base, robot] if profile == 'robot' and robot.is_file() else [base]
 
 
-class _ConfigureWhenDiscovered:
-    """``OnProcessStart`` action: emit the detector's ``configure`` event once its new process
-    is reachable.
+class _LogWhenActive:
+    """``OnProcessStart`` action: log ``detector_node is active`` once the new process says so.
 
-    launch_ros sends a ``ChangeState`` request as soon as ``change_state`` has a server, and
-    waits for the answer without a timeout. After a respawn that server may be the dead
-    process's, still in the DDS graph until its lease expires (a killed process does not
-    say goodbye): the request went there and was never answered, and the new detector stayed
-    unconfigured (seen with SIGKILL and a 1 s respawn delay). So the event is emitted only
-    once a ``transition_event`` publisher unknown at process start has been discovered (the
-    new process's) and there are as many ``change_state`` servers as such publishers (its
-    server is discovered too); a request then reaches the new process.
+    Its transition events cannot tell: they are volatile, and a process that activates
+    itself within a second of starting publishes them before this launch process's
+    subscription is matched. Asked through ``get_state`` instead, in a worker thread, until
+    the process answers ``active``, launch shuts down or the process is started again.
     """
 
     def __init__(self, detector: LifecycleNode) -> None:
@@ -258,27 +250,16 @@ class _ConfigureWhenDiscovered:
 
     def __call__(self, event: Any, context: LaunchContext) -> None:
         self._generation += 1
-        node = get_ros_node(context)
-        name = self._detector.node_name
-        before = self._publisher_ids(node, f'{name}/transition_event')
-        future = context.asyncio_loop.run_in_executor(
-            None, self._wait_then_configure, context, node, name, before, self._generation)
-        context.add_completion_future(future)
+        generation = self._generation
+        node = get_ros_node(context)  # here, in launch's thread: not safe from a worker
 
-    @staticmethod
-    def _publisher_ids(node: Any, topic: str) -> set[tuple[int, ...]]:
-        return {tuple(info.endpoint_gid) for info in node.get_publishers_info_by_topic(topic)}
+        def log_when_active() -> None:
+            if wait_for_state(node, self._detector.node_name, 'active',
+                              lambda: context.is_shutdown or generation != self._generation):
+                launch.logging.get_logger('launch.user').info('detector_node is active')
 
-    def _wait_then_configure(self, context: LaunchContext, node: Any, name: str,
-                             before: set[tuple[int, ...]], generation: int) -> None:
-        while not context.is_shutdown and generation == self._generation:
-            current = self._publisher_ids(node, f'{name}/transition_event')
-            if current - before and node.count_services(f'{name}/change_state') >= len(current):
-                event = ChangeState(lifecycle_node_matcher=matches_action(self._detector),
-                                    transition_id=Transition.TRANSITION_CONFIGURE)
-                context.asyncio_loop.call_soon_threadsafe(context.emit_event_sync, event)
-                return
-            time.sleep(0.1)
+        context.add_completion_future(
+            context.asyncio_loop.run_in_executor(None, log_when_active))
 
 
 def _stack(context: LaunchContext) -> list:
@@ -339,7 +320,7 @@ def _stack(context: LaunchContext) -> list:
         parameters=params('detector_node', {
             'model_format': model_format, 'model_path': model_path, 'gp_path': gp_path,
             'backend': backend,
-            'engine_path': engine_path, 'autostart': False}),
+            'engine_path': engine_path, 'autostart': autostart}),
         remappings=[('image', image_topic), ('camera_info', info_topic)],
         respawn=respawn, respawn_delay=respawn_delay, **common)
     actions: list = []
@@ -347,25 +328,9 @@ def _stack(context: LaunchContext) -> list:
         actions.append(SetEnvironmentVariable('FASTRTPS_DEFAULT_PROFILES_FILE', dds_profile))
     actions.append(detector)
     if autostart:
-        activate = EmitEvent(event=ChangeState(
-            lifecycle_node_matcher=matches_action(detector),
-            transition_id=Transition.TRANSITION_ACTIVATE))
-        actions += [
-            # On every start of the process, the first and each respawn.
-            RegisterEventHandler(OnProcessStart(
-                target_action=detector, on_start=_ConfigureWhenDiscovered(detector))),
-            RegisterEventHandler(OnStateTransition(
-                target_lifecycle_node=detector, start_state='configuring',
-                goal_state='inactive', entities=[activate])),
-            RegisterEventHandler(OnStateTransition(
-                target_lifecycle_node=detector, start_state='configuring',
-                goal_state='unconfigured', entities=[LogInfo(msg=(
-                    'detector_node failed to configure (see its log above); it stays '
-                    'unconfigured and the arbitration node keeps autonomy at level 0'))])),
-            RegisterEventHandler(OnStateTransition(
-                target_lifecycle_node=detector, goal_state='active',
-                entities=[LogInfo(msg='detector_node is active')])),
-        ]
+        # On every start of the process, the first and each respawn.
+        actions.append(RegisterEventHandler(OnProcessStart(
+            target_action=detector, on_start=_LogWhenActive(detector))))
     actions.append(Node(
         package=NODES['arbitration_node'], executable='arbitration_node',
         name='arbitration_node', parameters=params('arbitration_node', {}), **common))

@@ -219,8 +219,8 @@ class TestStack(unittest.TestCase):
             return set(self.camera.node.get_node_names_and_namespaces())
         self.assertTrue(wait_until(lambda: expected <= present(), START_TIMEOUT_S),
                         f'missing nodes: {sorted(expected - present())}')
-        # Configured and activated by the launch file's lifecycle events (the node's own
-        # autostart parameter is false), within the start-up time.
+        # Configured and activated by itself (the launch file sets its autostart parameter),
+        # within the start-up time.
         self.assertTrue(wait_until(lambda: self.camera.detector_state() == 'active',
                                    START_TIMEOUT_S, period_s=0.5),
                         f'detector_node state: {self.camera.detector_state()}')
