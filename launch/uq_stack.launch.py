@@ -16,7 +16,7 @@ Nodes (all in ``namespace``):
   starts it again after ``respawn_delay`` seconds (``respawn:=false`` turns this off); the
   new process configures and activates itself again. It does not wait for a request from
   this launch process: after a SIGKILL, what the others send to the new process is held up
-  for 1-2 s by their shared-memory transport, which still maps the dead process's port
+  for seconds by their shared-memory transport, which still maps the dead process's port
   (docs/dds.md), and the restart has 3 s (docs/performance.md, "Restart"). While it is down
   the arbitration node sees no detections and falls back to teleoperation within its
   perception deadline.

@@ -5,7 +5,7 @@ over real DDS on a private domain, each with the parameter files the launch file
 and nothing else: ``config/<name>.yaml`` for the sim profile, then ``config/robot/<name>.yaml``
 on top of it for the robot profile. The test sets only what is not configuration: the
 scenario the camera plays, the detector's lifecycle start (``autostart``, which
-``uq_stack.launch.py`` does with lifecycle events) and a ROS home of its own (no learnt
+``uq_stack.launch.py`` sets too) and a ROS home of its own (no learnt
 labels from elsewhere). Per profile, with one detector and one arbitration node:
 
 - ``known_static`` (four known objects): the level climbs to assistance;

@@ -63,6 +63,7 @@ rclpy's executors.
 
 from __future__ import annotations
 
+import gc
 import math
 import sys
 import threading
@@ -489,6 +490,12 @@ class DetectorNode(LifecycleNode):
         self._reference_problem = reference.spread_problem() if reference is not None else None
         if self._reference_problem:
             self.get_logger().warning(f'{self._params["gp_path"]}: {self._reference_problem}')
+        # The objects of the start (modules, the model, the GP, rclpy's) live as long as the
+        # node: kept out of the cyclic collector's full passes, which otherwise walk all of
+        # them every few hundred frames and hold every thread for tens of ms (a lost frame
+        # at 60 Hz). Unfrozen at cleanup, when the model is let go.
+        gc.collect()
+        gc.freeze()
         self.get_logger().info(
             f'configured: model {self._model_id} from {self._params["model_path"]} on '
             f'{self._backend_name} '
@@ -519,6 +526,7 @@ class DetectorNode(LifecycleNode):
             self.destroy_lifecycle_publisher(publisher)
         self._outputs = {}
         self._perception = None
+        gc.unfreeze()
         self._learnt_save_path, self._learnt_state_problem = None, ''
         self._learnt_state_source = ''
         return TransitionCallbackReturn.SUCCESS
