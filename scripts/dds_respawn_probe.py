@@ -22,18 +22,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 WORKSPACE = Path(__file__).resolve().parents[1]
 PROFILE = WORKSPACE / 'config' / 'dds' / 'fastdds_large_images.xml'
 WIDTH, HEIGHT = 320, 240
-#: Seconds a subscriber waits for its first image before the probe gives up.
-WAIT_S = 30.0
 TOPIC = 'probe/image_raw'
 
 
@@ -70,20 +70,39 @@ def _publish(rate: float) -> None:
         rclpy.spin_once(node, timeout_sec=0.1)
 
 
-def _read_until(process: subprocess.Popen, word: str, deadline: float) -> float | None:
-    """The time stamp on the process's next output line that starts with ``word``."""
-    assert process.stdout is not None
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            return None  # the process ended
-        parts = line.split()
-        if parts and parts[0] == word:
-            return float(parts[1])
-    return None
+class _OutputLines:
+    """A process's output lines, read on a thread so that a silent process cannot block
+    the wait past its deadline."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.process = process
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._lines.put(line)
+        self._lines.put(None)  # the process ended
+
+    def stamp_of(self, word: str, deadline: float) -> float | None:
+        """The time stamp on the next line that starts with ``word``; None if the process
+        ends or the deadline passes first."""
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._lines.get(timeout=left)
+            except queue.Empty:
+                return None
+            if line is None:
+                return None
+            parts = line.split()
+            if parts and parts[0] == word:
+                return float(parts[1])
+        return None
 
 
-def probe(runs: int, rate: float, respawn_delay: float, profile: str, domain_id: int) -> dict:
+def probe(runs: int, rate: float, respawn_delay: float, profile: str, domain_id: int,
+          wait_s: float) -> dict:
     """Kill and restart the subscriber ``runs`` times; seconds from each kill."""
     env = dict(os.environ, ROS_DOMAIN_ID=str(domain_id))
     # Fast DDS reads its defaults only without the variable (an empty one is not the same).
@@ -91,35 +110,37 @@ def probe(runs: int, rate: float, respawn_delay: float, profile: str, domain_id:
     if profile:
         env['FASTRTPS_DEFAULT_PROFILES_FILE'] = profile
 
-    def start(role: str, *args: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, __file__, '--role', role, *args], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    def start(role: str, *args: str) -> _OutputLines:
+        return _OutputLines(subprocess.Popen(
+            [sys.executable, __file__, '--role', role, *args], env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
 
     publisher = start('pub', '--rate', str(rate))
     subscriber = start('sub')
     restarts: list[dict] = []
     try:
-        if _read_until(subscriber, 'image', time.monotonic() + WAIT_S) is None:
-            raise RuntimeError(f'the first subscriber received no image in {WAIT_S:.0f} s')
+        if subscriber.stamp_of('image', time.monotonic() + wait_s) is None:
+            raise RuntimeError(f'the first subscriber received no image in {wait_s:g} s')
         for run in range(runs):
             # Kill at a different phase of the others' once-a-second transport watchdog.
             time.sleep(1.0 + 0.37 * run)
-            subscriber.send_signal(signal.SIGKILL)
+            subscriber.process.send_signal(signal.SIGKILL)
             killed = time.time()
-            subscriber.wait()
+            subscriber.process.wait()
             time.sleep(respawn_delay)
             subscriber = start('sub')
-            deadline = time.monotonic() + WAIT_S
-            subscribed = _read_until(subscriber, 'subscribed', deadline)
-            first = _read_until(subscriber, 'image', deadline)
+            deadline = time.monotonic() + wait_s
+            subscribed = subscriber.stamp_of('subscribed', deadline)
+            first = subscriber.stamp_of('image', deadline)
             restarts.append({
                 'subscribed_s': None if subscribed is None else round(subscribed - killed, 3),
                 'first_image_s': None if first is None else round(first - killed, 3)})
             print(f'restart {run + 1}/{runs}: {restarts[-1]}', file=sys.stderr, flush=True)
     finally:
-        for process in (subscriber, publisher):
+        processes = (subscriber.process, publisher.process)
+        for process in processes:
             process.send_signal(signal.SIGINT)  # a clean exit releases its shared memory
-        for process in (subscriber, publisher):
+        for process in processes:
             try:
                 process.wait(10)
             except subprocess.TimeoutExpired:
@@ -142,10 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--profile', default=str(PROFILE),
                         help="Fast DDS XML profile of both processes ('' for the defaults)")
     parser.add_argument('--domain-id', type=int, default=78, help='private ROS domain')
+    parser.add_argument('--wait', type=float, default=30.0,
+                        help='seconds a subscriber waits for its first image before giving up')
     parser.add_argument('--role', choices=('sub', 'pub'), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.runs < 1 or not args.rate > 0 or not args.respawn_delay >= 0:
-        parser.error('runs must be >= 1, rate > 0 and respawn-delay >= 0')
+    if args.runs < 1 or not args.rate > 0 or not args.respawn_delay >= 0 or not args.wait > 0:
+        parser.error('runs must be >= 1, rate > 0, respawn-delay >= 0 and wait > 0')
     if args.profile and not Path(args.profile).is_file():
         parser.error(f'--profile: no such file {args.profile!r}')
     if args.role == 'sub':
@@ -153,8 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     elif args.role == 'pub':
         _publish(args.rate)
     else:
-        print(json.dumps(probe(args.runs, args.rate, args.respawn_delay, args.profile,
-                               args.domain_id)))
+        try:
+            report = probe(args.runs, args.rate, args.respawn_delay, args.profile,
+                           args.domain_id, args.wait)
+        except RuntimeError as err:
+            print(f'error: {err}', file=sys.stderr)
+            return 1
+        print(json.dumps(report))
     return 0
 
 

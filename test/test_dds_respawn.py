@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -36,8 +37,29 @@ def test_a_killed_subscriber_receives_images_again_after_its_restart():
         assert restart['subscribed_s'] < restart['first_image_s'] < FIRST_IMAGE_BOUND_S, report
 
 
+def test_the_probe_gives_up_when_no_image_comes(tmp_path):
+    # A profile without any transport: the subscriber never hears the publisher, and the
+    # probe must say so once its wait is over instead of waiting on the silent process.
+    deaf = tmp_path / 'no_transport.xml'
+    deaf.write_text(
+        '<?xml version="1.0" encoding="UTF-8" ?>\n'
+        '<dds xmlns="http://www.eprosima.com/XMLSchemas/fastRTPS_Profiles"><profiles>'
+        '<participant profile_name="deaf" is_default_profile="true"><rtps>'
+        '<useBuiltinTransports>false</useBuiltinTransports>'
+        '</rtps></participant></profiles></dds>\n')
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, str(PROBE), '--runs', '1', '--profile', str(deaf), '--wait', '3',
+         '--domain-id', str(100 + zlib.crc32(b'test_dds_respawn.deaf') % 100)],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert 'received no image in 3 s' in result.stderr, result.stderr
+    # The wait, plus the two processes' start and their exit after SIGINT.
+    assert time.monotonic() - started < 60
+
+
 def test_the_probe_refuses_bad_arguments():
-    for args in (['--runs', '0'], ['--rate', '0'], ['--respawn-delay', '-1'],
+    for args in (['--runs', '0'], ['--rate', '0'], ['--respawn-delay', '-1'], ['--wait', '0'],
                  ['--profile', '/nonexistent/profile.xml']):
         result = subprocess.run([sys.executable, str(PROBE), *args], capture_output=True,
                                 text=True, timeout=60)

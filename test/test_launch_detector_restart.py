@@ -5,7 +5,8 @@ is back at assistance within 3 s of the kill.
 ``ros2 launch uq_bringup sim.launch.py scenario:=known_static`` as a user runs it (a
 namespace of its own, ``ask_for_help:=false``): four known objects, so the level climbs to
 assistance (3). Then the detector process is killed with SIGKILL. The launch respawns it
-(``respawn_delay`` 0.1 s), configures and activates it; its start is the warm one (from
+(``respawn_delay`` 0.1 s) and the new process configures and activates itself (its
+``autostart`` parameter); its start is the warm one (from
 the checked ONNX export in the test session's cache, docs/performance.md, "Restart"), and
 the arbitration restores the level held before the outage once the new process's frames
 confirm it (docs/arbitration.md, "Restore after an outage"). Asserted, from the kill:
