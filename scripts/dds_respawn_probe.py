@@ -37,6 +37,17 @@ WIDTH, HEIGHT = 320, 240
 TOPIC = 'probe/image_raw'
 
 
+def _spin_until_signalled(node) -> None:
+    """Spin until SIGINT or SIGTERM (rclpy's handlers shut the context down), quietly."""
+    import rclpy
+    from rclpy.executors import ExternalShutdownException
+
+    try:
+        rclpy.spin(node)
+    except (ExternalShutdownException, KeyboardInterrupt):
+        pass
+
+
 def _subscribe() -> None:
     import rclpy
     from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -50,8 +61,7 @@ def _subscribe() -> None:
     node.create_subscription(Image, TOPIC, lambda _: print('image', time.time(), flush=True),
                              qos)
     print('subscribed', time.time(), flush=True)
-    while rclpy.ok():
-        rclpy.spin_once(node, timeout_sec=0.1)
+    _spin_until_signalled(node)
 
 
 def _publish(rate: float) -> None:
@@ -66,8 +76,7 @@ def _publish(rate: float) -> None:
     msg = Image(width=WIDTH, height=HEIGHT, encoding='rgb8', step=WIDTH * 3,
                 data=bytes(WIDTH * HEIGHT * 3))
     node.create_timer(1.0 / rate, lambda: publisher.publish(msg))
-    while rclpy.ok():
-        rclpy.spin_once(node, timeout_sec=0.1)
+    _spin_until_signalled(node)
 
 
 class _OutputLines:

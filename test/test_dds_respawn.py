@@ -38,15 +38,17 @@ def test_a_killed_subscriber_receives_images_again_after_its_restart():
 
 
 def test_the_probe_gives_up_when_no_image_comes(tmp_path):
-    # A profile without any transport: the subscriber never hears the publisher, and the
-    # probe must say so once its wait is over instead of waiting on the silent process.
-    deaf = tmp_path / 'no_transport.xml'
+    # Discovery to 127.0.0.1 only, and no multicast, so no initial peer: both processes run
+    # but never meet, and the probe must say so once its wait is over instead of waiting on
+    # the silent subscriber.
+    deaf = tmp_path / 'no_discovery.xml'
     deaf.write_text(
         '<?xml version="1.0" encoding="UTF-8" ?>\n'
         '<dds xmlns="http://www.eprosima.com/XMLSchemas/fastRTPS_Profiles"><profiles>'
-        '<participant profile_name="deaf" is_default_profile="true"><rtps>'
-        '<useBuiltinTransports>false</useBuiltinTransports>'
-        '</rtps></participant></profiles></dds>\n')
+        '<participant profile_name="deaf" is_default_profile="true"><rtps><builtin>'
+        '<metatrafficUnicastLocatorList><locator><udpv4><address>127.0.0.1</address>'
+        '</udpv4></locator></metatrafficUnicastLocatorList>'
+        '</builtin></rtps></participant></profiles></dds>\n')
     started = time.monotonic()
     result = subprocess.run(
         [sys.executable, str(PROBE), '--runs', '1', '--profile', str(deaf), '--wait', '3',
