@@ -9,6 +9,7 @@ need it skip, saying why, where the PostgreSQL binaries are not installed)."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import tempfile
@@ -62,6 +63,13 @@ def _private_context(module_name: str) -> Iterator[Any]:
         yield context
     finally:
         context.try_shutdown()
+        # A shut-down context keeps its DDS participant, and the entities of the test's
+        # nodes with it, until the objects that hold them are collected: earlier tests'
+        # participants then stayed in the graph, and a half-destroyed service of one made
+        # a later test's service of the same name look unavailable. Collect the test's
+        # objects, then free the participant now.
+        gc.collect()
+        context.destroy()
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ reliable across the rclpy contexts of successive tests in one process.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -118,10 +119,23 @@ class Harness:
         return condition()
 
     def call(self, client, request):
-        assert client.wait_for_service(timeout_sec=TIMEOUT_S)
+        assert client.wait_for_service(timeout_sec=TIMEOUT_S), self.service_graph(client)
         future = client.call_async(request)
         assert self.wait_for(future.done), 'service call timed out'
         return future.result()
+
+    def service_graph(self, client) -> str:
+        """What this participant knows of a service's request and reply topics, to say why
+        it is not available."""
+        def endpoints(infos) -> list:
+            return [(e.node_name, e.node_namespace, bytes(e.endpoint_gid).hex()) for e in infos]
+
+        name = client.srv_name.lstrip('/')
+        readers = self.node.get_subscriptions_info_by_topic(f'rq/{name}Request', no_mangle=True)
+        writers = self.node.get_publishers_info_by_topic(f'rr/{name}Reply', no_mangle=True)
+        return (f'{client.srv_name} not available: request readers {endpoints(readers)}, '
+                f'reply writers {endpoints(writers)}, '
+                f'nodes {self.node.get_node_names_and_namespaces()}')
 
     def transition(self, transition_id: int) -> bool:
         return self.call(self.change_state,
@@ -312,6 +326,19 @@ def test_image_remapping_reaches_the_private_input_node(ros_context, model_files
         h.close()
         detector.destroy_node()
 
+
+
+def test_destroying_the_node_lets_what_configure_froze_be_collected(ros_context, model_files):
+    # Configure freezes the process's objects out of the collector's full passes; a process
+    # hosting other nodes must get them back once this one is gone.
+    gc.unfreeze()
+    detector = _detector(ros_context, model_files)
+    try:
+        assert detector.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        assert gc.get_freeze_count() > 0
+    finally:
+        detector.destroy_node()
+    assert gc.get_freeze_count() == 0
 
 
 def test_image_thread_ends_when_the_context_shuts_down(model_files):

@@ -537,6 +537,9 @@ class DetectorNode(LifecycleNode):
     def destroy_node(self) -> None:
         # Destroyed while active (Ctrl-C): stop the inference thread before the publishers.
         self._stop_io()
+        # What configure froze, this node's and whatever else the process held then, can
+        # be collected again once the node is gone (a process hosting other nodes goes on).
+        gc.unfreeze()
         super().destroy_node()
 
     def _stop_io(self) -> None:
