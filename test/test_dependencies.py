@@ -193,6 +193,13 @@ PERCEPTION_SUBPACKAGES = ('detectors', 'ntk', 'runtime', 'training')
 PER_FRAME_ENTRY = 'uq_perception.detector_node'
 OFF_ROBOT = ('uq_perception.training.train',)
 MAX_LOOSE_PERCEPTION_MODULES = 8
+# The autonomy package by concern: the level of autonomy, asking for help, the label store
+# and its tools; the nodes and the reach policy stay at the top.
+AUTONOMY_SUBPACKAGES = ('arbitration', 'help', 'labels')
+MAX_LOOSE_AUTONOMY_MODULES = 6
+# The arbitration's per-message path: every frame and every decision runs through these.
+ARBITRATION_ENTRY = 'uq_autonomy.arbitration_node'
+NOT_ON_ARBITRATION_PATH = ('uq_autonomy.help', 'uq_autonomy.labels')
 
 
 def module_name(path: Path, package_dir: Path) -> str:
@@ -304,6 +311,25 @@ def test_perception_is_split_by_concern_without_subpackage_cycles():
     assert missing == [], f'subpackages missing: {missing}'
     cycle = find_cycle(package_arrows(graph, 2))
     assert cycle is None, 'subpackage cycle: ' + ' -> '.join(cycle or [])
+
+
+def test_autonomy_is_split_by_concern_without_subpackage_cycles():
+    graph = module_graph(SRC / 'uq_autonomy')
+    loose = sorted(m for m in graph if m.count('.') == 1
+                   and m.split('.')[1] not in AUTONOMY_SUBPACKAGES)
+    assert len(loose) <= MAX_LOOSE_AUTONOMY_MODULES, f'loose top-level modules: {loose}'
+    missing = [s for s in AUTONOMY_SUBPACKAGES if f'uq_autonomy.{s}' not in graph]
+    assert missing == [], f'subpackages missing: {missing}'
+    cycle = find_cycle(package_arrows(graph, 2))
+    assert cycle is None, 'subpackage cycle: ' + ' -> '.join(cycle or [])
+
+
+def test_arbitration_path_imports_nothing_of_help_or_labels():
+    path = reachable(module_graph(SRC / 'uq_autonomy'), ARBITRATION_ENTRY)
+    assert {'uq_autonomy.arbitration.arbiter', 'uq_autonomy.arbitration.params'} <= path, \
+        sorted(path)
+    outside = sorted(m for m in path if m.startswith(NOT_ON_ARBITRATION_PATH))
+    assert outside == [], f'the arbitration path reaches help or labels: {outside}'
 
 
 def test_per_frame_path_imports_no_training_and_no_evaluation():

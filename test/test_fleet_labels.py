@@ -111,7 +111,7 @@ def _robot(env: dict[str, str], robot: str, store_url: str, tmp_path: Path,
 @pytest.mark.slow
 def test_an_answer_to_one_robot_teaches_every_robots_detector(tmp_path, env, cameras,
                                                               postgres_url):
-    from uq_autonomy.label_store_url import open_label_store
+    from uq_autonomy.labels.url import open_label_store
     from uq_common.service_calls import call_until_answered
     from uq_msgs.srv import ProvideLabel
 

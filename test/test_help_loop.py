@@ -165,7 +165,7 @@ def test_a_person_answers_in_the_browser_and_the_detector_learns_the_object(
     playwright = pytest.importorskip('playwright.sync_api')
     if not Path(CHROMIUM).exists():
         pytest.skip(f'{CHROMIUM} is not installed (make setup installs Debian\'s chromium)')
-    from uq_autonomy.label_store import LabelStore
+    from uq_autonomy.labels.store import LabelStore
 
     store_path, learned, port = tmp_path / 'labels.sqlite3', tmp_path / 'learnt.npz', _free_port()
     detector = _detector(env, learned)
@@ -243,7 +243,7 @@ def test_labels_acknowledged_before_a_sigkill_are_stored_exactly_once(tmp_path, 
     import rclpy
     from rclpy.executors import SingleThreadedExecutor
 
-    from uq_autonomy.label_store import LabelStore, PendingRequest
+    from uq_autonomy.labels.store import LabelStore, PendingRequest
     from uq_common.service_calls import call_until_answered
     from uq_msgs.srv import ProvideLabel
 

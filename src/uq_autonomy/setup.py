@@ -25,10 +25,10 @@ setup(
         # Subcommands of `uq` (uq_common.cli): the name is the command path with dots
         # ("bench.gp" is `uq bench gp`), the value a function that fills an argparse parser.
         'uq.commands': [
-            'labels.list = uq_autonomy.labels_cli:configure_list',
-            'labels.export = uq_autonomy.labels_cli:configure_export',
-            'labels.import = uq_autonomy.labels_cli:configure_import',
-            'labels.serve = uq_autonomy.labels_cli:configure_serve',
+            'labels.list = uq_autonomy.labels.cli:configure_list',
+            'labels.export = uq_autonomy.labels.cli:configure_export',
+            'labels.import = uq_autonomy.labels.cli:configure_import',
+            'labels.serve = uq_autonomy.labels.cli:configure_serve',
         ],
     },
 )

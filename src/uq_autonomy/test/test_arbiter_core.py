@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from uq_autonomy.arbiter import Arbiter
-from uq_autonomy.arbiter_config import (
+from uq_autonomy.arbitration.arbiter import Arbiter
+from uq_autonomy.arbitration.config import (
     NO_CALIBRATED_SCORE,
     ArbiterConfig,
     DrivingDetection,
@@ -22,13 +22,13 @@ from uq_autonomy.arbiter_config import (
     model_range_problem,
     signal_problem,
 )
-from uq_autonomy.arbitration_params import (
+from uq_autonomy.arbitration.params import (
     PARAMETERS,
     config_from_values,
     default_values,
     load_parameters_file,
 )
-from uq_autonomy.frame_validity import (
+from uq_autonomy.arbitration.frame_validity import (
     DetectionSummary,
     UncertaintyValues,
     assess_frame,
@@ -243,6 +243,45 @@ def test_nearest_center_selection():
     frame = [det(3.0, x=10.0, y=10.0), det(0.4, x=110.0, y=45.0), det(0.9, x=150.0, y=90.0)]
     p = assess_frame(frame, 2, cfg)
     assert p.index == 1 and p.uncertainty == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize(('width', 'height'), [(640, 480), (480, 640), (1280, 200),
+                                             (200, 1280), (301, 99)])
+def test_nearest_center_measures_from_x_half_width_y_half_height(width, height):
+    # On a non-square image the centre (width/2, height/2) and its mirror (height/2,
+    # width/2) are different points: a detection sits on each, the mirror's the more
+    # uncertain (so a mix-up cannot hide behind the cautious tie-break), and a third one
+    # half-way between them. Only the first is nearest the true centre.
+    cfg = config(driving_detection='nearest_center', image_width=width, image_height=height)
+    centre, mirror = (width / 2, height / 2), (height / 2, width / 2)
+    between = ((centre[0] + mirror[0]) / 2, (centre[1] + mirror[1]) / 2)
+    for order in ([0, 1, 2], [1, 2, 0], [2, 0, 1]):
+        points = [(centre, 0.3), (mirror, 1.7), (between, 0.9)]
+        frame = [det(u, x=x, y=y) for (x, y), u in (points[i] for i in order)]
+        chosen = assess_frame(frame, 2, cfg)
+        assert chosen.usable and chosen.index == order.index(0), (width, height, order)
+        assert chosen.uncertainty == pytest.approx(0.3)
+
+
+def test_nearest_center_picks_the_least_squared_distance_ties_to_the_more_uncertain():
+    # The rule over many frames: the chosen detection is at the least distance from
+    # (width/2, height/2); among those at that distance, the most uncertain.
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        width, height = (int(v) for v in rng.integers(16, 2000, 2))
+        cfg = config(driving_detection='nearest_center', image_width=width, image_height=height)
+        count = int(rng.integers(1, 8))
+        xs = rng.integers(0, width + 1, count).astype(float)
+        ys = rng.integers(0, height + 1, count).astype(float)
+        if count > 1 and rng.random() < 0.3:  # an exact tie in distance: mirrored about x
+            xs[1], ys[1] = width - xs[0], ys[0]
+        us = np.round(rng.uniform(0.0, 3.0, count), 3)
+        frame = [det(float(u), x=float(x), y=float(y)) for x, y, u in zip(xs, ys, us)]
+        chosen = assess_frame(frame, 2, cfg)
+        dist = (xs - width / 2) ** 2 + (ys - height / 2) ** 2
+        nearest = np.flatnonzero(dist == dist.min())
+        assert chosen.usable and chosen.index in nearest, (width, height, xs, ys)
+        assert chosen.uncertainty == pytest.approx(float(us[nearest].max()))
 
 
 @pytest.mark.parametrize(('frame', 'n_classes', 'needle'), [
@@ -612,6 +651,37 @@ def test_a_reset_forgets_the_level_held_before():
     assert step.state.level == Level.TELEOPERATION
     steps = _frames(arbiter, t + 0.1, t + 0.9, 0.01, model=None)
     assert all(s.state.level == Level.TELEOPERATION for s in steps)
+
+
+@pytest.mark.parametrize('held', [Level.GUIDED, Level.SHARED, Level.ASSISTANCE])
+@pytest.mark.parametrize('reset_after', [0.0, 0.5, 1.4])
+def test_a_reset_during_an_outage_forgets_the_level_held_before_it(held, reset_after):
+    # The outage remembers the level; a reset then (a clock jump: frames from before it mean
+    # nothing) must forget it too, so the same model's frames within the resume window climb
+    # from teleoperation, one level per dwell, as after any reset.
+    cfg = config(**RESTORE)
+    arbiter = Arbiter(cfg, 0.0)
+    t = _climb(arbiter, 0.0, 0.01, held)
+    _frames(arbiter, t, t + 0.2, 0.01)  # a few frames of MODEL at the held level
+    last = t + 0.2
+    lost = arbiter.step(last + cfg.perception_deadline_s + 0.01)
+    assert lost.state.level == Level.TELEOPERATION and lost.state.perception_stale
+    reset = arbiter.reset(last + cfg.perception_deadline_s + 0.01 + reset_after,
+                          'clock jumped back')
+    assert reset.state.level == Level.TELEOPERATION
+    back = last + 2.0  # after the reset, well within resume_window_s of the last frame
+    assert last + cfg.perception_deadline_s + 0.01 + reset_after < back
+    assert back - last < cfg.resume_window_s
+    steps = _frames(arbiter, back, back + 3 * cfg.min_dwell_s + 0.2, 0.01)
+    ups = [s.transition for s in steps if s.transition is not None]
+    # Every change is one level up, the first a dwell after the first fresh frame.
+    assert [(u.from_level, u.to_level) for u in ups][:1] == [
+        (Level.TELEOPERATION, Level.GUIDED)], ups
+    assert all(u.to_level == u.from_level + 1 for u in ups), ups
+    assert ups[0].time - back >= cfg.min_dwell_s - 1e-9
+    assert all(b.time - a.time >= cfg.min_dwell_s - 1e-9
+               for a, b in zip(ups, ups[1:], strict=False))
+    assert not any('level before the outage restored' in s.state.reason for s in steps)
 
 
 def test_resume_settings_are_validated():

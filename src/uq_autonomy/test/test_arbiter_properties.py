@@ -21,9 +21,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from uq_autonomy.arbiter import Arbiter
-from uq_autonomy.arbiter_config import NUM_LEVELS, ArbiterConfig, Level, Thresholds
-from uq_autonomy.frame_validity import DetectionSummary
+from uq_autonomy.arbitration.arbiter import Arbiter
+from uq_autonomy.arbitration.config import NUM_LEVELS, ArbiterConfig, Level, Thresholds
+from uq_autonomy.arbitration.frame_validity import DetectionSummary
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

@@ -27,7 +27,7 @@ from sensor_msgs.msg import Image
 
 from uq_autonomy import ask_for_help_node
 from uq_autonomy.ask_for_help_node import AskForHelpNode
-from uq_autonomy.label_store import LabelStore
+from uq_autonomy.labels.store import LabelStore
 from uq_common.image_codec import rgb_to_image_fields
 from uq_common.qos import HELP_REQUEST_QOS
 from uq_common.spin_thread import SpinThread

@@ -9,7 +9,7 @@ import cv2
 import numpy as np
 import pytest
 
-from uq_autonomy.crops import box_in_region, crop_region, cut, encode_png, png_size
+from uq_autonomy.help.crops import box_in_region, crop_region, cut, encode_png, png_size
 
 
 def test_crop_region_adds_margin_and_clips_to_the_image() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from uq_autonomy.follow_up import FollowUpConfig, FollowUpTeacher
+from uq_autonomy.help.follow_up import FollowUpConfig, FollowUpTeacher
 
 T = 4e-4  # threshold
 

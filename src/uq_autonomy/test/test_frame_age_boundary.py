@@ -14,8 +14,8 @@ import math
 
 import pytest
 
-from uq_autonomy.arbiter_config import ArbiterConfig
-from uq_autonomy.frame_validity import stamp_problem
+from uq_autonomy.arbitration.config import ArbiterConfig
+from uq_autonomy.arbitration.frame_validity import stamp_problem
 
 CLOCK_S = 1024.0
 LIMITS_S = [0.125, 0.25, 1.0, 4.0]

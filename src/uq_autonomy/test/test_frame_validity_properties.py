@@ -18,9 +18,9 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from uq_autonomy.arbiter import Arbiter
-from uq_autonomy.arbiter_config import ArbiterConfig, Level, UncertaintySignal
-from uq_autonomy.frame_validity import DetectionSummary, UncertaintyValues, assess_frame
+from uq_autonomy.arbitration.arbiter import Arbiter
+from uq_autonomy.arbitration.config import ArbiterConfig, Level, UncertaintySignal
+from uq_autonomy.arbitration.frame_validity import DetectionSummary, UncertaintyValues, assess_frame
 
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from uq_autonomy.help_policy import (
+from uq_autonomy.help.policy import (
     Candidate,
     HelpPolicy,
     HelpPolicyConfig,

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from uq_autonomy.help_policy import (
+from uq_autonomy.help.policy import (
     HelpPolicy,
     HelpPolicyConfig,
     Suppression,

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from uq_autonomy import label_store as ls
-from uq_autonomy.crops import encode_png, png_size
-from uq_autonomy.label_store import (
+from uq_autonomy.labels import store as ls
+from uq_autonomy.help.crops import encode_png, png_size
+from uq_autonomy.labels.store import (
     SCHEMA_VERSION,
     AnswerStatus,
     LabelRecord,
@@ -38,8 +38,8 @@ from uq_autonomy.label_store import (
     open_for_reading,
     schema_statements,
 )
-from uq_autonomy.label_store_url import open_label_store, open_store_for_reading, parse_store_url
-from uq_autonomy.label_validation import LabelValidationError, validate_label
+from uq_autonomy.labels.url import open_label_store, open_store_for_reading, parse_store_url
+from uq_autonomy.labels.validation import LabelValidationError, validate_label
 
 CLOCK = 1_700_000_000.0
 
@@ -105,7 +105,7 @@ class Raw:
         if self.dialect == 'sqlite':
             self.execute('BEGIN IMMEDIATE')
         else:
-            from uq_autonomy.label_store_postgres import WRITE_LOCK_KEY
+            from uq_autonomy.labels.postgres import WRITE_LOCK_KEY
 
             self.execute('BEGIN')
             self.execute('SELECT pg_advisory_xact_lock(?)', (WRITE_LOCK_KEY,))
@@ -657,9 +657,9 @@ def test_concurrent_answers_from_threads_and_connections(store_url: str) -> None
 WRITER = textwrap.dedent('''
     import sys
     import numpy as np
-    from uq_autonomy.crops import encode_png
-    from uq_autonomy.label_store import PendingRequest
-    from uq_autonomy.label_store_url import open_label_store
+    from uq_autonomy.help.crops import encode_png
+    from uq_autonomy.labels.store import PendingRequest
+    from uq_autonomy.labels.url import open_label_store
 
     url, prefix = sys.argv[1], sys.argv[2]
     store = open_label_store(url)

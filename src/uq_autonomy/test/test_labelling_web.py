@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from uq_autonomy.crops import encode_png
-from uq_autonomy.label_store import LabelStore, LabelStoreLockedError, PendingRequest
-from uq_autonomy.labelling_web import (
+from uq_autonomy.help.crops import encode_png
+from uq_autonomy.labels.store import LabelStore, LabelStoreLockedError, PendingRequest
+from uq_autonomy.labels.web import (
     TOKEN_COOKIE,
     LabellingServer,
     WebConfig,
@@ -440,7 +440,7 @@ def test_browser_with_token(browser: object, store: LabelStore) -> None:
 
 def test_browser_shows_a_fleets_requests_with_a_filter_by_robot(browser: object,
                                                                  postgres_url: str) -> None:
-    from uq_autonomy.label_store_url import open_label_store
+    from uq_autonomy.labels.url import open_label_store
 
     with open_label_store(postgres_url) as fleet:
         for rid, robot in (('a-1', 'robot-a'), ('b-1', 'robot-b'), ('a-2', 'robot-a')):

@@ -17,12 +17,12 @@ import pytest
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from uq_autonomy.crops import encode_png
-from uq_autonomy.label_store import LabelRecord, LabelStore, PendingRequest
+from uq_autonomy.help.crops import encode_png
+from uq_autonomy.labels.store import LabelRecord, LabelStore, PendingRequest
 from uq_common.cli import build_parser
 
 COMMANDS = [
-    EntryPoint(name=f'labels.{verb}', value=f'uq_autonomy.labels_cli:configure_{verb}',
+    EntryPoint(name=f'labels.{verb}', value=f'uq_autonomy.labels.cli:configure_{verb}',
                group='uq.commands')
     for verb in ('list', 'export', 'import', 'serve')
 ]
@@ -370,7 +370,7 @@ def test_import_refuses_oversized_and_non_utf8_files(tmp_path: Path,
     bad.write_bytes(b'{"a": "\xff"}')
     code, _, err = uq('labels', 'import', str(bad), '--store', str(tmp_path / 's.sqlite3'))
     assert code == 2 and f'{bad} is not UTF-8 text' in err
-    monkeypatch.setattr('uq_autonomy.label_coco.MAX_IMPORT_BYTES', 8)
+    monkeypatch.setattr('uq_autonomy.labels.coco.MAX_IMPORT_BYTES', 8)
     code, _, err = uq('labels', 'import', str(bad), '--store', str(tmp_path / 's.sqlite3'))
     assert code == 2 and f'{bad} is 10 bytes; an import file may have at most 8' in err
 
@@ -418,7 +418,7 @@ def test_a_file_labelling_one_request_twice_differently_is_invalid(tmp_path: Pat
 
 def test_a_write_failure_half_way_through_an_import_stores_none_of_it(
         tmp_path: Path, filled: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from uq_autonomy.label_store import LabelStoreError
+    from uq_autonomy.labels.store import LabelStoreError
 
     with LabelStore(filled) as store:
         before = store.labels()
@@ -450,7 +450,7 @@ def test_a_write_failure_half_way_through_an_import_stores_none_of_it(
 
 def test_a_fleet_store_lists_and_exports_every_robots_labels(postgres_url: str,
                                                               tmp_path: Path) -> None:
-    from uq_autonomy.label_store_url import open_label_store
+    from uq_autonomy.labels.url import open_label_store
 
     with open_label_store(postgres_url) as store:
         for i, (rid, robot, label) in enumerate((('a1', 'robot-a', 'mug'),

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from uq_autonomy.arbiter import Arbiter
-from uq_autonomy.arbiter_config import (
+from uq_autonomy.arbitration.arbiter import Arbiter
+from uq_autonomy.arbitration.config import (
     RAW_THRESHOLD_REACH,
     ArbiterConfig,
     Level,
@@ -28,7 +28,7 @@ from uq_autonomy.arbiter_config import (
     UncertaintySignal,
     signal_problem,
 )
-from uq_autonomy.frame_validity import DetectionSummary
+from uq_autonomy.arbitration.frame_validity import DetectionSummary
 
 GP = UncertaintySignal.GP_VARIANCE
 # The shipped model's figures (models/detector_gp.npz), a model with a far wider range and

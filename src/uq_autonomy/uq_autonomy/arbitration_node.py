@@ -1,6 +1,6 @@
 """Shared-autonomy arbitration node: perception uncertainty gates the robot's level of autonomy.
 
-Thin ROS 2 adapter around :class:`uq_autonomy.arbiter.Arbiter` (all decisions live there).
+Thin ROS 2 adapter around :class:`uq_autonomy.arbitration.arbiter.Arbiter` (all decisions live there).
 
 Subscribes
     ``detections`` (uq_msgs/DetectionArray, best-effort: accepts best-effort and reliable
@@ -60,10 +60,10 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from rclpy.serialization import deserialize_message
 from std_msgs.msg import Int32
 
-from uq_autonomy.arbiter import Arbiter, ArbiterState, Step
-from uq_autonomy.arbiter_config import Level, ModelRange
-from uq_autonomy.arbitration_params import NODE_NAME, PARAMETERS, config_from_values
-from uq_autonomy.frame_validity import (
+from uq_autonomy.arbitration.arbiter import Arbiter, ArbiterState, Step
+from uq_autonomy.arbitration.config import Level, ModelRange
+from uq_autonomy.arbitration.params import NODE_NAME, PARAMETERS, config_from_values
+from uq_autonomy.arbitration.frame_validity import (
     DetectionSummary,
     UncertaintyValues,
     stamp_problem,

@@ -1,9 +1,9 @@
 """Ask-for-help node: persistent uncertainty becomes a labelling request; answers are stored
 durably and taught to the detector.
 
-Thin ROS 2 adapter around :class:`uq_autonomy.help_policy.HelpPolicy` (when to ask),
-:class:`uq_autonomy.label_store.LabelStore` (durable requests and labels) and
-:mod:`uq_autonomy.labelling_web` (the page a person answers on); docs/ask_for_help.md
+Thin ROS 2 adapter around :class:`uq_autonomy.help.policy.HelpPolicy` (when to ask),
+:class:`uq_autonomy.labels.store.LabelStore` (durable requests and labels) and
+:mod:`uq_autonomy.labels.web` (the page a person answers on); docs/ask_for_help.md
 describes the loop.
 
 Subscribes
@@ -57,17 +57,17 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from rclpy.validate_topic_name import validate_topic_name
 from sensor_msgs.msg import Image
 
-from uq_autonomy.arbiter_config import (
+from uq_autonomy.arbitration.config import (
     NO_CALIBRATED_SCORE,
     ArbiterConfig,
     ModelRange,
     UncertaintySignal,
     signal_problem,
 )
-from uq_autonomy.crops import box_in_region, crop_region, cut, encode_png
-from uq_autonomy.follow_up import FollowUpConfig, FollowUpTeacher
-from uq_autonomy.frame_validity import future_stamp_problem
-from uq_autonomy.help_policy import (
+from uq_autonomy.help.crops import box_in_region, crop_region, cut, encode_png
+from uq_autonomy.help.follow_up import FollowUpConfig, FollowUpTeacher
+from uq_autonomy.arbitration.frame_validity import future_stamp_problem
+from uq_autonomy.help.policy import (
     Candidate,
     HelpDecision,
     HelpPolicy,
@@ -75,14 +75,14 @@ from uq_autonomy.help_policy import (
     OodMode,
     TrackObservation,
 )
-from uq_autonomy.label_store import (
+from uq_autonomy.labels.store import (
     LabelRecord,
     LabelStoreBase,
     LabelStoreError,
     PendingRequest,
 )
-from uq_autonomy.label_store_url import open_label_store, parse_store_url
-from uq_autonomy.label_validation import (
+from uq_autonomy.labels.url import open_label_store, parse_store_url
+from uq_autonomy.labels.validation import (
     LabelValidationError,
     validate_label,
     validate_labeler,
@@ -420,7 +420,7 @@ class AskForHelpNode(Node):
     def _start_web(self) -> Any:
         if not self._params['web_enabled']:
             return None
-        from uq_autonomy.labelling_web import LabellingServer, WebConfig
+        from uq_autonomy.labels.web import LabellingServer, WebConfig
 
         config = WebConfig(host=self._params['web_host'], port=self._params['web_port'],
                            token=self._params['web_token'] or None)
@@ -734,7 +734,7 @@ class AskForHelpNode(Node):
     def _teach_follow_up(self, update_id: str, label: str | None, embedding: Any,
                          model_id: str) -> None:
         # Not stored: the person's answer is in the store; these follow it (module
-        # uq_autonomy.follow_up). A follow-up the detector misses is not retried.
+        # uq_autonomy.help.follow_up). A follow-up the detector misses is not retried.
         if label is None or not self._teach_client.service_is_ready():
             return
         request = TeachObject.Request(request_id=update_id, label=label,

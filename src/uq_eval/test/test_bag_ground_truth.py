@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from rosbags.highlevel import AnyReader
 
-from uq_autonomy.crops import box_in_region, crop_region, cut, encode_png
-from uq_autonomy.label_coco import export_coco
-from uq_autonomy.label_store import LabelStore, PendingRequest
+from uq_autonomy.help.crops import box_in_region, crop_region, cut, encode_png
+from uq_autonomy.labels.coco import export_coco
+from uq_autonomy.labels.store import LabelStore, PendingRequest
 from uq_eval.bags.types import uq_typestore
 
 FRAMES = 6

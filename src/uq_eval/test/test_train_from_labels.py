@@ -11,8 +11,8 @@ import cv2
 import numpy as np
 import pytest
 
-from uq_autonomy.crops import encode_png
-from uq_autonomy.label_store import LabelStore, PendingRequest
+from uq_autonomy.help.crops import encode_png
+from uq_autonomy.labels.store import LabelStore, PendingRequest
 from uq_common.cli import main as uq
 from uq_perception.detectors.centernet import load_detector
 from uq_perception.ntk import LastLayerNTKGP

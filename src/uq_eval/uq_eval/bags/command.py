@@ -149,7 +149,7 @@ def _arbitration_values(args: argparse.Namespace) -> dict[str, Any] | None:
     file."""
     if args.arbitration_params is None:
         return None
-    from uq_autonomy.arbitration_params import load_parameters_file
+    from uq_autonomy.arbitration.params import load_parameters_file
 
     return load_parameters_file(args.arbitration_params)
 

@@ -127,7 +127,7 @@ class BagEvaluator:
         For messages.
     arbitration_values
         Arbitration node parameters overriding its defaults (e.g. calibrated thresholds
-        read with :func:`uq_autonomy.arbitration_params.load_parameters_file`).
+        read with :func:`uq_autonomy.arbitration.params.load_parameters_file`).
     ground_truth
         A :class:`~uq_eval.bags.ground_truth.CocoGroundTruth` to score frames against
         (instead of a ground-truth topic), or ``None``.
@@ -156,9 +156,9 @@ class BagEvaluator:
 
     # --- cores ------------------------------------------------------------------------
     def _start_cores(self, now: float, width: int, height: int) -> None:
-        from uq_autonomy.arbiter import Arbiter
-        from uq_autonomy.arbitration_params import config_from_values, default_values
-        from uq_autonomy.help_policy import HelpPolicy
+        from uq_autonomy.arbitration.arbiter import Arbiter
+        from uq_autonomy.arbitration.params import config_from_values, default_values
+        from uq_autonomy.help.policy import HelpPolicy
 
         values = {**default_values(), **self.arbitration_values}
         # The evaluated images' size, for driving_detection nearest_center.
@@ -264,8 +264,8 @@ class BagEvaluator:
 
     def _ask_for_help(self, stamp: float, frame: Any, predicted: np.ndarray,
                       rgb: np.ndarray, calibrated: list[float]) -> None:
-        from uq_autonomy.crops import crop_region, cut, encode_png
-        from uq_autonomy.help_policy import Candidate, TrackObservation
+        from uq_autonomy.help.crops import crop_region, cut, encode_png
+        from uq_autonomy.help.policy import Candidate, TrackObservation
 
         unc = frame.uncertainty
         observations = []

@@ -112,7 +112,7 @@ def _fields(config: Any, v: float) -> tuple[float, float, float]:
 
 
 def _summaries(config: Any, values: list[float]) -> list[Any]:
-    from uq_autonomy.frame_validity import DetectionSummary
+    from uq_autonomy.arbitration.frame_validity import DetectionSummary
 
     out = []
     for j, v in enumerate(values):
@@ -202,7 +202,7 @@ def _core(config: Any, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
     import numpy as np
 
-    from uq_autonomy.arbiter import Arbiter
+    from uq_autonomy.arbitration.arbiter import Arbiter
     from uq_autonomy.arbitration_node import detection_summaries, frame_uncertainty
     from uq_common.rolling_stats import latency_summary
 
@@ -446,7 +446,7 @@ def run(args: argparse.Namespace) -> int:
     import json
     import platform
 
-    from uq_autonomy.arbitration_params import (
+    from uq_autonomy.arbitration.params import (
         config_from_values,
         default_values,
         load_parameters_file,

@@ -10,7 +10,7 @@ Reported: answers stored per second (throughput), the latency of an answer (the 
 ``answer`` call: commit to disk included) and of a round trip (request filed until its robot
 reads the answer), p50 and p99, and the acknowledged labels and requests lost (must be 0).
 The SQLite back end runs on a temporary file, PostgreSQL on a private temporary server
-(:class:`uq_autonomy.postgres_server.TemporaryPostgres`, fsync on), unless ``--store-url``
+(:class:`uq_autonomy.labels.postgres_server.TemporaryPostgres`, fsync on), unless ``--store-url``
 names a store to load (its contents are kept; the load adds requests and labels to it).
 """
 
@@ -68,9 +68,9 @@ def run_load(store_url: str, backend: str, robots: int = 10, labellers: int = 2,
              duration_s: float = 60.0, inflight: int = 2, poll_period_s: float = 0.05,
              drain_s: float = 10.0) -> LoadResult:
     """Run the load against the store at ``store_url`` and check what it acknowledged."""
-    from uq_autonomy.crops import encode_png
-    from uq_autonomy.label_store import AnswerStatus, LabelStoreError, PendingRequest
-    from uq_autonomy.label_store_url import open_label_store
+    from uq_autonomy.help.crops import encode_png
+    from uq_autonomy.labels.store import AnswerStatus, LabelStoreError, PendingRequest
+    from uq_autonomy.labels.url import open_label_store
 
     result = LoadResult(backend, robots, labellers, duration_s)
     run_id = uuid.uuid4().hex[:8]
@@ -227,9 +227,9 @@ def _table(results: list[LoadResult]) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run the load on each back end; exit 1 when an acknowledged label or request was lost
     or a call failed, 2 on a store that cannot be used."""
-    from uq_autonomy.label_store import LabelStoreError
-    from uq_autonomy.label_store_url import parse_store_url
-    from uq_autonomy.postgres_server import PostgresUnavailable, TemporaryPostgres
+    from uq_autonomy.labels.store import LabelStoreError
+    from uq_autonomy.labels.url import parse_store_url
+    from uq_autonomy.labels.postgres_server import PostgresUnavailable, TemporaryPostgres
 
     settings: dict[str, Any] = dict(robots=args.robots, labellers=args.labellers,
                                     duration_s=args.duration, inflight=args.inflight)

@@ -137,7 +137,7 @@ class DemoRecorder:
 
     def read_answers(self, store_path: Path) -> None:
         """Fill in each request's answer from the label store (after the run)."""
-        from uq_autonomy.label_store import LabelStore
+        from uq_autonomy.labels.store import LabelStore
 
         if not store_path.exists():
             return

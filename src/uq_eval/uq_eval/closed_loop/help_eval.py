@@ -176,7 +176,7 @@ class Recorder:
 
 
 def _stored_answers(store_path: Path) -> list[AnswerRecord]:
-    from uq_autonomy.label_store import LabelStore
+    from uq_autonomy.labels.store import LabelStore
 
     if not store_path.exists():
         return []

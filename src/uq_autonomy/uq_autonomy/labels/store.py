@@ -1,12 +1,12 @@
 """Durable label store: help requests and the labels people gave them, on SQLite (one robot,
-stdlib ``sqlite3``) or PostgreSQL (a fleet, :mod:`uq_autonomy.label_store_postgres`).
+stdlib ``sqlite3``) or PostgreSQL (a fleet, :mod:`uq_autonomy.labels.postgres`).
 
 One API, two back ends
     :class:`LabelStoreBase` holds every operation once, as SQL that both back ends run
     unchanged (``?`` placeholders, ``INSERT ... ON CONFLICT DO NOTHING``); a back end only
     opens the connection, takes the write lock, maps its errors and creates or migrates the
     schema (:data:`SCHEMA_VERSION`, the same numbers on both). :class:`LabelStore` is the
-    SQLite file; :func:`uq_autonomy.label_store_url.open_label_store` opens either from a
+    SQLite file; :func:`uq_autonomy.labels.url.open_label_store` opens either from a
     ``sqlite:///path`` or ``postgresql://...`` URL.
 
 Durability
@@ -78,8 +78,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from uq_autonomy.crops import png_size
-from uq_autonomy.label_validation import (
+from uq_autonomy.help.crops import png_size
+from uq_autonomy.labels.validation import (
     MAX_LABELER_LENGTH,
     MAX_MODEL_ID_LENGTH,
     MAX_REASON_LENGTH,

@@ -1,7 +1,7 @@
 """Configuration of the shared-autonomy arbiter: levels, uncertainty signals, thresholds.
 
 ROS-free. :class:`ArbiterConfig` validates itself when built, so an arbiter never runs on
-thresholds that cannot work (see ``uq_autonomy.arbiter`` for what they mean).
+thresholds that cannot work (see ``uq_autonomy.arbitration.arbiter`` for what they mean).
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ class ArbiterConfig:
         suit the shipped model only (``docs/arbitration.md``).
     driving_detection : DrivingDetection or str
         How the driving detection is chosen in a frame; ``autonomy_target`` follows the
-        track the autonomy announces (:meth:`uq_autonomy.arbiter.Arbiter.autonomy_target`).
+        track the autonomy announces (:meth:`uq_autonomy.arbitration.arbiter.Arbiter.autonomy_target`).
     target_class : str
         Class name for ``target_class`` selection.
     target_track_id : int
@@ -163,7 +163,7 @@ class ArbiterConfig:
         Longest gap between valid perception messages before the fail-safe.
     resume_window_s : float
         Longest perception outage after which the level held before it may be restored
-        without climbing again (``uq_autonomy.arbiter``, "Restore after an outage"); 0: never,
+        without climbing again (``uq_autonomy.arbitration.arbiter``, "Restore after an outage"); 0: never,
         the climb always starts again from teleoperation.
     resume_confirm_s : float
         How long the returning perception must confirm the level held before the outage

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from uq_autonomy.crops import PNG_SIGNATURE
+from uq_autonomy.help.crops import PNG_SIGNATURE
 from uq_common.class_labels import (
     InvalidLabelError,
     is_request_id,
@@ -145,7 +145,7 @@ def validate_crop(crop: bytes | None) -> bytes | None:
         raise LabelValidationError(
             f'crop is {len(crop)} bytes; at most {MAX_CROP_BYTES} are allowed')
     if not crop.startswith(PNG_SIGNATURE):
-        raise LabelValidationError('crop must be PNG bytes (see uq_autonomy.crops.encode_png)')
+        raise LabelValidationError('crop must be PNG bytes (see uq_autonomy.help.crops.encode_png)')
     return crop
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from uq_autonomy.arbiter_config import (
+from uq_autonomy.arbitration.config import (
     NUM_LEVELS,
     ArbiterConfig,
     DrivingDetection,

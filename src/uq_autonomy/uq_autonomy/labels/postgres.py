@@ -1,6 +1,6 @@
 """The label store on PostgreSQL: one store for a fleet of robots (psycopg 3).
 
-Same operations and SQL as the SQLite file (:class:`uq_autonomy.label_store.LabelStoreBase`);
+Same operations and SQL as the SQLite file (:class:`uq_autonomy.labels.store.LabelStoreBase`);
 what differs is here:
 
 - **Durability**: ``synchronous_commit=on`` for this connection, so a commit returns once
@@ -8,10 +8,10 @@ what differs is here:
   acknowledged labels in a power cut: opening such a store logs a warning.
 - **Writers serialised** by a transaction-level advisory lock (:data:`WRITE_LOCK_KEY`), the
   counterpart of SQLite's ``BEGIN IMMEDIATE``; waiting for it is bounded by ``lock_timeout``
-  (:class:`~uq_autonomy.label_store.LabelStoreLockedError` after ``timeout_s``).
+  (:class:`~uq_autonomy.labels.store.LabelStoreLockedError` after ``timeout_s``).
 - **Schema version** in the table ``uq_label_store_version``; the schema is created or
   migrated under the same lock, so robots starting together do it once.
-- **Connection loss**: the failing call raises :class:`~uq_autonomy.label_store.LabelStoreError`
+- **Connection loss**: the failing call raises :class:`~uq_autonomy.labels.store.LabelStoreError`
   (nothing is acknowledged), and the next call connects again. An answer whose commit was cut
   off is safe to send again: answers are idempotent.
 
@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 
-from uq_autonomy.label_store import (
+from uq_autonomy.labels.store import (
     _MIGRATIONS,
     SCHEMA_VERSION,
     LabelStoreBase,

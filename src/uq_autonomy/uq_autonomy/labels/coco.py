@@ -49,9 +49,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from uq_autonomy.crops import png_size
-from uq_autonomy.label_store import AnswerStatus, LabelRecord, LabelStoreBase, format_time
-from uq_autonomy.label_validation import (
+from uq_autonomy.help.crops import png_size
+from uq_autonomy.labels.store import AnswerStatus, LabelRecord, LabelStoreBase, format_time
+from uq_autonomy.labels.validation import (
     MAX_CROP_BYTES,
     LabelValidationError,
     validate_label,

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from uq_autonomy.arbiter_config import (
+from uq_autonomy.arbitration.config import (
     NEGATIVE_TOLERANCE,
     NO_CALIBRATED_SCORE,
     ArbiterConfig,

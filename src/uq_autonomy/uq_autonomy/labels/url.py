@@ -5,11 +5,14 @@ Accepted forms (:func:`parse_store_url`):
 
 - ``''`` (empty): the default SQLite file, ``$UQ_LABEL_STORE``, else
   ``$XDG_DATA_HOME/uq_autonomy/labels.sqlite3``;
-- ``sqlite:///absolute/path.sqlite3`` or ``sqlite:relative/path.sqlite3``, or a plain file
-  path: an SQLite file (one robot);
+- ``sqlite:///absolute/path.sqlite3`` (also SQLAlchemy's ``sqlite:////absolute/path.sqlite3``:
+  the same file) or ``sqlite:relative/path.sqlite3``, or a plain file path: an SQLite file
+  (one robot);
 - ``postgresql://user[:password]@host[:port]/database`` (also ``postgres://``): a PostgreSQL
   database shared by a fleet. The driver (psycopg 3) is imported only for these.
 
+Schemes are case-insensitive (``SQLite:``, ``PostgreSQL://``), as RFC 3986 has them; the URL
+handed to the driver carries its scheme in lower case, the only spelling libpq reads.
 Anything else is refused with a one-line :class:`ValueError`.
 """
 
@@ -21,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from uq_autonomy.label_store import (
+from uq_autonomy.labels.store import (
     LabelStore,
     LabelStoreBase,
     LabelStoreError,
@@ -45,7 +48,7 @@ class StoreUrl:
         if self.kind == 'sqlite':
             return f'sqlite://{self.path}' if str(self.path).startswith('/') else \
                 f'sqlite:{self.path}'
-        from uq_autonomy.label_store_postgres import redact
+        from uq_autonomy.labels.postgres import redact
 
         return redact(self.url)
 
@@ -67,7 +70,11 @@ def parse_store_url(value: str | os.PathLike[str] | None) -> StoreUrl:
     scheme = scheme.lower()
     if scheme == 'sqlite':
         path = rest[2:] if rest.startswith('//') else rest
-        if not path:
+        # SQLAlchemy writes an absolute path with four slashes (sqlite:////abs): the same
+        # file as sqlite:///abs. Left as '//abs', sqlite3 would read 'abs' as a URI host.
+        if path.startswith('/'):
+            path = '/' + path.lstrip('/')
+        if not path or path == '/':
             raise ValueError(f'label store URL {text!r} names no file: use '
                              f'sqlite:///absolute/path.sqlite3 or sqlite:relative/path.sqlite3')
         return StoreUrl('sqlite', path=Path(path).expanduser())
@@ -75,7 +82,9 @@ def parse_store_url(value: str | os.PathLike[str] | None) -> StoreUrl:
         if not rest.startswith('//'):
             raise ValueError(f'label store URL {text!r}: write postgresql://user@host:port/'
                              f'database')
-        return StoreUrl('postgresql', url=text)
+        # libpq recognises a URI only by a lower-case prefix: PostgreSQL://... would be
+        # read as a malformed key=value string.
+        return StoreUrl('postgresql', url=f'{scheme}:{rest}')
     raise ValueError(f'label store URL {text!r}: unknown scheme {scheme!r}; use '
                      f'sqlite:///path.sqlite3 or postgresql://user@host:port/database')
 
@@ -105,7 +114,7 @@ def open_label_store(value: str | os.PathLike[str] | None, *, readonly: bool = F
 def open_store_for_reading(value: str | os.PathLike[str] | None,
                            timeout_s: float = 5.0) -> LabelStoreBase:
     """Open a store to list or export it: an SQLite file read-only when it cannot be
-    written (:func:`uq_autonomy.label_store.open_for_reading`), a PostgreSQL database
+    written (:func:`uq_autonomy.labels.store.open_for_reading`), a PostgreSQL database
     read-only.
 
     Raises
@@ -123,7 +132,7 @@ def open_store_for_reading(value: str | os.PathLike[str] | None,
 
 def _postgres(url: str, **kwargs: object) -> LabelStoreBase:
     try:
-        from uq_autonomy.label_store_postgres import PostgresLabelStore
+        from uq_autonomy.labels.postgres import PostgresLabelStore
     except ImportError as err:
         raise LabelStoreError(
             f'a postgresql:// label store needs psycopg 3 ({err}); install it with '

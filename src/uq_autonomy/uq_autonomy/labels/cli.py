@@ -37,7 +37,7 @@ def _add_store(parser: argparse.ArgumentParser) -> None:
 
 def _store_url(args: argparse.Namespace) -> str:
     """The store's URL, or a one-line error (ValueError) for a malformed one."""
-    from uq_autonomy.label_store_url import parse_store_url
+    from uq_autonomy.labels.url import parse_store_url
 
     return str(parse_store_url(args.store))
 
@@ -63,8 +63,8 @@ def configure_list(parser: argparse.ArgumentParser) -> None:
 
 def run_list(args: argparse.Namespace) -> int:
     """Print labels or pending requests; read-only files are opened read-only."""
-    from uq_autonomy.label_store import LabelStoreError, format_time
-    from uq_autonomy.label_store_url import open_store_for_reading
+    from uq_autonomy.labels.store import LabelStoreError, format_time
+    from uq_autonomy.labels.url import open_store_for_reading
 
     try:
         _store_url(args)
@@ -130,9 +130,9 @@ def configure_export(parser: argparse.ArgumentParser) -> None:
 
 def run_export(args: argparse.Namespace) -> int:
     """Write the COCO export and print the annotations file's path."""
-    from uq_autonomy.label_coco import export_coco
-    from uq_autonomy.label_store import LabelStoreError
-    from uq_autonomy.label_store_url import open_store_for_reading
+    from uq_autonomy.labels.coco import export_coco
+    from uq_autonomy.labels.store import LabelStoreError
+    from uq_autonomy.labels.url import open_store_for_reading
 
     try:
         _store_url(args)
@@ -169,10 +169,10 @@ def configure_import(parser: argparse.ArgumentParser) -> None:
 
 def run_import(args: argparse.Namespace) -> int:
     """Import the file (all entries or none) and print a summary of what happened."""
-    from uq_autonomy.label_coco import import_labels
-    from uq_autonomy.label_store import LabelStoreError
-    from uq_autonomy.label_store_url import open_label_store
-    from uq_autonomy.label_validation import LabelValidationError, validate_labeler
+    from uq_autonomy.labels.coco import import_labels
+    from uq_autonomy.labels.store import LabelStoreError
+    from uq_autonomy.labels.url import open_label_store
+    from uq_autonomy.labels.validation import LabelValidationError, validate_labeler
 
     if not args.file.is_file():
         _error(f'{args.file} is not a file')
@@ -228,9 +228,9 @@ def run_serve(args: argparse.Namespace) -> int:
     """Serve until interrupted; 1 when the store cannot be opened, 2 on a bad option."""
     import time
 
-    from uq_autonomy.label_store import LabelStoreError
-    from uq_autonomy.label_store_url import open_label_store
-    from uq_autonomy.labelling_web import LabellingServer, WebConfig, store_submitter
+    from uq_autonomy.labels.store import LabelStoreError
+    from uq_autonomy.labels.url import open_label_store
+    from uq_autonomy.labels.web import LabellingServer, WebConfig, store_submitter
 
     try:
         _store_url(args)

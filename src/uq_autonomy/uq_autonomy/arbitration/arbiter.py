@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from uq_autonomy.arbiter_config import (
+from uq_autonomy.arbitration.config import (
     NUM_LEVELS,
     TWIST_SIZE,
     ArbiterConfig,
@@ -61,7 +61,7 @@ from uq_autonomy.arbiter_config import (
     model_range_problem,
     signal_problem,
 )
-from uq_autonomy.frame_validity import (
+from uq_autonomy.arbitration.frame_validity import (
     DetectionSummary,
     Perception,
     UncertaintyValues,

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from uq_autonomy.arbiter_config import NO_CALIBRATED_SCORE, UncertaintySignal, parse_enum
+from uq_autonomy.arbitration.config import NO_CALIBRATED_SCORE, UncertaintySignal, parse_enum
 from uq_common.str_enum import StrEnum
 
 MINUTE_S = 60.0

@@ -47,8 +47,8 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from uq_autonomy.label_store import PendingRequest
-from uq_autonomy.label_validation import (
+from uq_autonomy.labels.store import PendingRequest
+from uq_autonomy.labels.validation import (
     LabelValidationError,
     validate_label,
     validate_labeler,
@@ -465,10 +465,10 @@ class LabellingServer:
 
 
 def store_submitter(store: Any, on_stored: Callable[[Any], None] | None = None) -> SubmitLabel:
-    """A ``submit_label`` that answers in a :class:`~uq_autonomy.label_store.LabelStore`
+    """A ``submit_label`` that answers in a :class:`~uq_autonomy.labels.store.LabelStore`
     (for a stand-alone page or tests; the node passes its ``ProvideLabel`` path instead).
     ``on_stored(record)`` is called after a new or overruled label is committed."""
-    from uq_autonomy.label_store import LabelStoreError
+    from uq_autonomy.labels.store import LabelStoreError
 
     def submit(request_id: str, label: str, labeler: str) -> tuple[bool, str]:
         try:
