@@ -730,7 +730,7 @@ def predictive_signals(gp: LastLayerNTKGP, features: np.ndarray, logits: np.ndar
     lower-quantile confidence with the detector's own ``activation``), from one query of the
     GP's predictive at the detections' own logits; with the GP's calibrated score under
     ``calibrated_score`` when it has a reference."""
-    from uq_perception.ntk.model import score_signal
+    from uq_perception.ntk.calibrated_score import score_signal
 
     out = gp.predict(features, logits)
     names = ('gp_variance', 'predictive_entropy', 'mutual_information', 'predictive_msp',

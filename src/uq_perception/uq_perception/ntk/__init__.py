@@ -8,12 +8,16 @@ The public API lives here; the modules split it by concern:
 - :mod:`.gating`: k-means partition of feature space into experts;
 - :mod:`.scale_gating`: one expert, OOD threshold and score reference per scale;
 - :mod:`.predictive`: probit probabilities, entropy decomposition, torch query;
-- :mod:`.calibrated_score`: the model-independent score of a GP variance;
-- :mod:`.model`: :class:`LastLayerNTKGP`, the weight-space form (the fast path);
+- :mod:`.calibrated_score`: the model-independent score of a GP variance and the signals
+  it may rank;
+- :mod:`.calibration`: OOD threshold, score reference, probit factor and temperature fitted
+  on validation data;
+- :mod:`.model`: :class:`LastLayerNTKGP`, the weight-space form (the fast path): fit, query
+  and online update;
 - :mod:`.function_space`: :class:`FunctionSpaceNTKGP`, the Jacobian (function-space) form
   (imported on first use: it needs torch);
 - :mod:`.feature_map`: norm-aware feature maps, chosen by the evidence;
-- :mod:`.persistence`: checksummed, atomic state files.
+- :mod:`.persistence`: checksummed, atomic state files; saving and loading a GP.
 """
 
 from uq_perception.ntk.calibrated_score import NO_CALIBRATED_SCORE, ScoreReference

@@ -241,3 +241,46 @@ class ScoreReference:
                        meta.get('signal', 'gp_variance'), meta.get('variance_maximum'))
         except ValueError as exc:
             raise ValueError(f'score_reference: {exc}') from None
+
+
+def score_signal(signal: str, logits: np.ndarray, variance: np.ndarray, entropy: np.ndarray,
+                 mutual: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
+    """The values of ``signal`` (``SCORE_SIGNALS``) from one query's predictive summary;
+    ``logits`` are the predictive's mean."""
+    if signal == 'gp_variance':
+        return variance
+    if signal == 'predictive_entropy':
+        return np.maximum(entropy, 0.0)
+    if signal == 'mutual_information':
+        return np.maximum(mutual, 0.0)
+    if signal == 'predictive_msp':
+        return 1.0 - probabilities.max(axis=1, initial=0.0)
+    if signal == 'predictive_lcb_energy':
+        if not len(logits):
+            return np.zeros(0)
+        f = np.asarray(logits, np.float64)
+        top = f.max(axis=1)
+        log_sum_exp = top + np.log(np.exp(f - top[:, None]).sum(axis=1))
+        # logsumexp(f - k sd) with one sd for every class: the energy's negative, lowered by
+        # k sd; through a sigmoid so that, like every signal, it is non-negative.
+        lowered = log_sum_exp - LCB_SIGMAS * np.sqrt(np.maximum(variance, 0.0))
+        return 1.0 / (1.0 + np.exp(np.clip(lowered, -700, 700)))
+    if signal in ('predictive_lcb_sigmoid', 'predictive_lcb_softmax'):
+        if not len(logits):
+            return np.zeros(0)
+        f = np.asarray(logits, np.float64)
+        top = f.argmax(axis=1)
+        rows = np.arange(len(f))
+        lowered = f[rows, top] - LCB_SIGMAS * np.sqrt(np.maximum(variance, 0.0))
+        if signal == 'predictive_lcb_sigmoid':
+            confidence = 0.5 * (1.0 + np.tanh(0.5 * lowered))
+        else:
+            others = f.copy()
+            others[rows, top] = -np.inf
+            rest = others.max(axis=1, keepdims=True)
+            # softmax probability of the top class with its logit lowered, computed stably
+            log_rest = (rest[:, 0] + np.log(np.exp(others - rest).sum(axis=1))
+                        if f.shape[1] > 1 else np.full(len(f), -np.inf))
+            confidence = 1.0 / (1.0 + np.exp(np.clip(log_rest - lowered, -700, 700)))
+        return 1.0 - confidence
+    raise ValueError(f'unknown score signal {signal!r}')

@@ -109,12 +109,9 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import numbers
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -122,32 +119,26 @@ import numpy as np
 from uq_perception.ntk.box_calibration import BoxCalibration
 from uq_perception.ntk.calibrated_score import (
     DEFAULT_REFERENCE_LEVELS,
-    LCB_SIGMAS,
     ScoreReference,
+    score_signal,
 )
-from uq_perception.ntk.config import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    PLAIN_FORMAT_VERSION,
-    SCALE_FORMAT_VERSION,
-    Gating,
-    NTKGPConfig,
-    UncertaintyOutput,
-    check_integer,
-    check_real,
+from uq_perception.ntk.calibration import (
+    fit_ood_thresholds,
+    fit_probit_calibration,
+    fit_score_references,
 )
+from uq_perception.ntk.config import Gating, NTKGPConfig, UncertaintyOutput
 from uq_perception.ntk.evidence import (
     SpectralEvidence,
     fit_expert_hyperparameters,
-    golden_section_minimum,
     log_marginal_likelihood,
 )
 from uq_perception.ntk.feature_transform import FeatureTransform
 from uq_perception.ntk.gating import kmeans, nearest_centroid
 from uq_perception.ntk.linalg import check_matrix, spd_inverse
-from uq_perception.ntk.persistence import arrays_digest, read_state, write_state
+from uq_perception.ntk.persistence import arrays_digest, load_model, save_model
 from uq_perception.ntk.predictive import antithetic_normal_draws, summarise_gaussian_logits
-from uq_perception.ntk.scale_gating import MIN_SCALE_VALIDATION, ScaleGating
+from uq_perception.ntk.scale_gating import ScaleGating
 
 if TYPE_CHECKING:
     import torch
@@ -784,21 +775,15 @@ class LastLayerNTKGP:
 
         Inputs whose GP variance exceeds the threshold are flagged; by construction a
         fraction ``1 - ood_quantile`` of the calibration set is. With scale gating each
-        scale with at least :data:`MIN_SCALE_VALIDATION` rows also gets its own threshold
-        (:mod:`uq_perception.ntk.scale_gating`); the one returned is of all rows.
+        scale with at least :data:`~uq_perception.ntk.scale_gating.MIN_SCALE_VALIDATION`
+        rows also gets its own threshold
+        (:func:`~uq_perception.ntk.calibration.fit_ood_thresholds`); the one returned is of
+        all rows.
         """
         with self._lock:
             _, variance, expert = self._query(features)
-            if variance.size == 0:
-                raise ValueError('calibrate_ood needs at least one feature row')
-            self.ood_threshold = float(np.quantile(variance, self.config.ood_quantile))
-            scales = self.scale_gating
-            if scales is not None:
-                counts = np.bincount(expert, minlength=scales.num_scales)
-                self.scale_gating = scales.with_thresholds(
-                    [float(np.quantile(variance[expert == s], self.config.ood_quantile))
-                     if counts[s] >= MIN_SCALE_VALIDATION else None
-                     for s in range(scales.num_scales)], counts.tolist())
+            self.ood_threshold, self.scale_gating = fit_ood_thresholds(
+                variance, expert, self.config.ood_quantile, self.scale_gating)
             return self.ood_threshold
 
     def calibrate_score(self, features: np.ndarray, split: str,
@@ -821,37 +806,22 @@ class LastLayerNTKGP:
         logits : np.ndarray, optional
             The objects' network logits (default ``W phi + b``), for a predictive signal.
 
-        With scale gating each scale with at least :data:`MIN_SCALE_VALIDATION` rows also
-        gets its own reference (:mod:`uq_perception.ntk.scale_gating`); the one returned is
-        of all rows.
+        With scale gating each scale with at least
+        :data:`~uq_perception.ntk.scale_gating.MIN_SCALE_VALIDATION` rows also gets its own
+        reference (:func:`~uq_perception.ntk.calibration.fit_score_references`); the one
+        returned is of all rows.
         """
         with self._lock:
-            out = self.predict(features, logits)
-            values = score_signal(signal, out.logits, out.gp_variance, out.predictive_entropy,
-                                  out.mutual_information, out.probabilities)
-            self.score_reference = ScoreReference.from_variances(
-                values, split, self.model_id, levels, signal,
-                None if signal == 'gp_variance' else float(np.max(out.gp_variance)))
-            scales = self.scale_gating
-            if scales is not None:
-                counts = np.bincount(out.expert_id, minlength=scales.num_scales)
-                own = []
-                for s in range(scales.num_scales):
-                    rows = out.expert_id == s
-                    own.append(ScoreReference.from_variances(
-                        values[rows], f'{split} scale {s}', self.model_id, levels, signal,
-                        None if signal == 'gp_variance' else float(np.max(out.gp_variance[rows])))
-                        if counts[s] >= MIN_SCALE_VALIDATION else None)
-                self.scale_gating = scales.with_references(own, counts.tolist())
+            self.score_reference, self.scale_gating = fit_score_references(
+                self.predict(features, logits), split, self.model_id, levels, signal,
+                self.scale_gating)
             return self.score_reference
 
     def calibrate_probabilities(self, features: np.ndarray, labels: np.ndarray,
                                 logits: np.ndarray | None = None) -> tuple[float, float]:
-        """Fit ``lambda`` and the temperature ``T`` by minimising validation NLL.
-
-        NLL of ``softmax(mu / sqrt(T^2 + lambda sigma^2))`` is minimised by alternating
-        golden-section searches over ``log T`` in ``[-4, 4]`` and ``log lambda`` in
-        ``[-12, 8]`` (plus ``lambda = 0``), three rounds from the current values.
+        """Fit ``lambda`` and the temperature ``T`` by minimising validation NLL
+        (:func:`~uq_perception.ntk.calibration.fit_probit_calibration`, from the current
+        values).
 
         Returns
         -------
@@ -860,29 +830,9 @@ class LastLayerNTKGP:
         """
         with self._lock:
             mean, variance, _ = self._query(features, logits)
-            y = np.asarray(labels)
-            if y.shape != (mean.shape[0],) or not np.issubdtype(y.dtype, np.integer) \
-                    or y.size == 0 or y.min() < 0 or y.max() >= mean.shape[1]:
-                raise ValueError(f'labels must be {mean.shape[0]} integers in '
-                                 f'[0, {mean.shape[1]})')
-            rows = np.arange(y.size)
-
-            def nll(lam: float, temp: float) -> float:
-                z = mean / np.sqrt(temp * temp + lam * variance)[:, None]
-                z = z - z.max(axis=1, keepdims=True)
-                log_norm = np.log(np.exp(z).sum(axis=1))
-                return float((log_norm - z[rows, y]).mean())
-
-            lam, temp = max(self.probit_lambda, 1e-6), self.temperature
-            for _ in range(3):
-                temp = math.exp(golden_section_minimum(
-                    lambda u, la=lam: nll(la, math.exp(u)), -4.0, 4.0))
-                lam = math.exp(golden_section_minimum(
-                    lambda u, t=temp: nll(math.exp(u), t), -12.0, 8.0))
-                if nll(0.0, temp) <= nll(lam, temp):
-                    lam = 0.0
-            self.probit_lambda, self.temperature = lam, temp
-            return lam, temp
+            self.probit_lambda, self.temperature = fit_probit_calibration(
+                mean, variance, labels, self.probit_lambda, self.temperature)
+            return self.probit_lambda, self.temperature
 
     # ------------------------------------------------------------------ online learning
 
@@ -1000,89 +950,23 @@ class LastLayerNTKGP:
 
     # ------------------------------------------------------------------ persistence
 
-    def _format_version(self) -> int:
-        if self.scale_gating is not None:
-            return SCALE_FORMAT_VERSION
-        return FORMAT_VERSION if self._needs_version_3() else PLAIN_FORMAT_VERSION
-
-    def _needs_version_3(self) -> bool:
-        reference = self.score_reference
-        return self.feature_transform is not None or (
-            reference is not None and reference.signal != 'gp_variance')
-
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the state atomically (temporary file + rename) as an ``.npz`` archive."""
+        """Write the state atomically (temporary file + rename) as an ``.npz`` archive
+        (:func:`~uq_perception.ntk.persistence.save_model`)."""
         with self._lock:
             self._require_fitted()
-            config = asdict(self.config)
-            config['gating'] = self.config.gating.value
-            meta = {
-                'format': FORMAT_NAME, 'version': self._format_version(),
-                'feature_dim': self.feature_dim, 'class_names': self.class_names,
-                'num_base_classes': self.num_base_classes, 'model_id': self.model_id,
-                'config': config, 'ood_threshold': self.ood_threshold,
-                'probit_lambda': self.probit_lambda, 'temperature': self.temperature,
-                'applied_updates': self.applied_updates,
-                'box_calibration': None if self.box_calibration is None
-                else self.box_calibration.to_meta(),
-                'score_reference': None if self.score_reference is None
-                else self.score_reference.to_meta(),
-                'feature_transform': None if self.feature_transform is None
-                else self.feature_transform.to_meta(),
-            }
-            # Written only when used: a reader that predates scale gating refuses the file
-            # (its version), and reads every other state as before.
-            if self.scale_gating is not None:
-                meta['scale_gating'] = self.scale_gating.to_meta()
-            arrays = {
-                'weight': self._weight, 'bias': self._bias, 'centroids': self._centroids,
-                'gram': self._gram, 'class_sums': self._class_sums,
-                'extra_residual': self._extra_residual, 'sigma2': self._sigma2,
-                'delta': self._delta,
-            }
-            if self.feature_transform is not None:
-                arrays['feature_transform_means'] = self.feature_transform.means_array()
-            write_state(path, meta, arrays)
+            save_model(self, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, feature_dim: int | None = None,
              class_names: Sequence[str] | None = None,
              model_id: str | None = None) -> LastLayerNTKGP:
-        """Read a state written by :meth:`save` and check it against the caller's model.
-
-        Parameters
-        ----------
-        feature_dim, class_names, model_id : optional
-            Expected values; ``class_names`` may also equal the head's original classes
-            (those taught online follow them).
-
-        Raises
-        ------
-        FileNotFoundError
-            If ``path`` does not exist.
-        ValueError
-            If the file is not a readable state of this format and version, is internally
-            inconsistent, has a metadata field of the wrong type or out of range (every
-            field is checked: :meth:`_check_meta`), or disagrees with an expected value (the
-            message names the file and the field).
-        """
-        path = Path(path)
-        meta, arrays = read_state(path)
-        try:
-            model = cls._from_state(meta, arrays)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f'{path}: corrupt NTK-GP state ({exc})') from exc
-        if feature_dim is not None and int(feature_dim) != model.feature_dim:
-            raise ValueError(f'{path}: feature dimension mismatch: file has '
-                             f'{model.feature_dim}, expected {feature_dim}')
-        if class_names is not None:
-            expected = [str(n) for n in class_names]
-            if expected not in (model.class_names, model.class_names[:model.num_base_classes]):
-                raise ValueError(f'{path}: class names mismatch: file has '
-                                 f'{model.class_names}, expected {expected}')
-        if model_id is not None and str(model_id) != model.model_id:
-            raise ValueError(f'{path}: model id mismatch: file has {model.model_id!r}, '
-                             f'expected {model_id!r}')
+        """Read a state written by :meth:`save` and check it against the expected
+        ``feature_dim``, ``class_names`` and ``model_id`` given
+        (:func:`~uq_perception.ntk.persistence.load_model`: parameters and errors); say
+        what a file written before box uncertainty or the calibrated score lacks."""
+        model = load_model(cls, path, feature_dim=feature_dim, class_names=class_names,
+                           model_id=model_id)
         if model.box_calibration is None:
             logger.info('%s has no box calibration (written before box uncertainty existed): '
                         'box_std is 0; refit the GP with `uq train --gp-only` to estimate it',
@@ -1093,169 +977,30 @@ class LastLayerNTKGP:
                         'uq_perception.training.score_reference`', path)
         return model
 
-    @staticmethod
-    def _check_meta(meta: dict[str, Any]) -> NTKGPConfig:
-        """Check the type and range of every metadata field :meth:`save` writes; return the
-        configuration (checked by :class:`NTKGPConfig` itself)."""
-        required = ('feature_dim', 'class_names', 'num_base_classes', 'model_id', 'config',
-                    'ood_threshold', 'probit_lambda', 'temperature')
-        missing = [key for key in required if key not in meta]
-        if missing:
-            raise ValueError(f'missing metadata fields {missing}')
-        check_integer('feature_dim', meta['feature_dim'], 1)
-        check_integer('num_base_classes', meta['num_base_classes'], 2)
-        names = meta['class_names']
-        if not (isinstance(names, list) and names
-                and all(isinstance(n, str) and n and n.isprintable() for n in names)):
-            raise ValueError(f'class_names must be a list of non-empty printable strings, '
-                             f'got {names!r:.200}')
-        if len(set(names)) != len(names) or len(names) < meta['num_base_classes']:
-            raise ValueError(f'class_names must be unique and at least num_base_classes '
-                             f'({meta["num_base_classes"]}), got {names!r:.200}')
-        if not isinstance(meta['model_id'], str):
-            raise ValueError(f'model_id must be a string, got {meta["model_id"]!r:.80}')
-        if meta['ood_threshold'] is not None:
-            check_real('ood_threshold', meta['ood_threshold'], 0.0)
-        check_real('probit_lambda', meta['probit_lambda'], 0.0)
-        check_real('temperature', meta['temperature'], positive=True)
-        updates = meta.get('applied_updates', [])
-        if not (isinstance(updates, list) and all(isinstance(u, str) and u for u in updates)):
-            raise ValueError(f'applied_updates must be a list of non-empty strings, got '
-                             f'{updates!r:.80}')
-        box = meta.get('box_calibration')
-        if box is not None:
-            # Types here; BoxCalibration checks the values' ranges and counts.
-            if not (isinstance(box, dict) and isinstance(box.get('coordinates'), list)
-                    and all(isinstance(c, str) for c in box['coordinates'])
-                    and all(isinstance(box.get(k), list)
-                            and all(isinstance(v, numbers.Real) and not isinstance(v, bool)
-                                    for v in box[k]) for k in ('noise', 'scale'))):
-                raise ValueError(f'box_calibration must hold coordinates (names), noise and '
-                                 f'scale (lists of numbers) and samples, got {box!r:.200}')
-            check_integer('box_calibration.samples', box.get('samples'), 2)
-        reference = meta.get('score_reference')
-        if reference is not None and ScoreReference.from_meta(reference).model_id \
-                != meta['model_id']:
-            raise ValueError(f'score_reference belongs to model '
-                             f'{reference["model_id"]!r}, the state to {meta["model_id"]!r}')
-        if not isinstance(meta['config'], dict):
-            raise ValueError(f'config must be a JSON object, got {meta["config"]!r:.80}')
-        try:
-            return NTKGPConfig(**meta['config'])
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f'config: {exc}') from None
+    def _state_arrays(self) -> dict[str, np.ndarray]:
+        """The head and the posterior's sufficient statistics and hyperparameters, by their
+        names in a state file."""
+        return {'weight': self._weight, 'bias': self._bias, 'centroids': self._centroids,
+                'gram': self._gram, 'class_sums': self._class_sums,
+                'extra_residual': self._extra_residual, 'sigma2': self._sigma2,
+                'delta': self._delta}
 
-    @classmethod
-    def _from_state(cls, meta: dict[str, Any], arrays: dict[str, np.ndarray]
-                    ) -> LastLayerNTKGP:
-        config = cls._check_meta(meta)
-        names = list(meta['class_names'])
-        base, d = meta['num_base_classes'], meta['feature_dim']
-        c, p = len(names), d + 1
-        missing = [key for key in ('weight', 'bias', 'centroids', 'gram', 'class_sums',
-                                   'extra_residual', 'sigma2', 'delta') if key not in arrays]
-        if missing:
-            raise ValueError(f'missing arrays {missing}')
-        m = int(arrays['sigma2'].shape[0]) if arrays['sigma2'].ndim == 1 else -1
-        if m < 1 or (config.gating in (Gating.KMEANS, Gating.SCALE)
-                     and m != config.num_experts) or (
-                config.gating is Gating.CLASS and m != base):
-            raise ValueError(f'{m} experts disagree with the configuration')
-        # Every shape is checked before the model allocates its (M, D+1, D+1) state, so a
-        # file that misstates a size is an error, not an allocation of its misstated size.
-        shapes = {'weight': (base, d), 'bias': (base,), 'centroids': (m, d),
-                  'gram': (m, p, p), 'class_sums': (m, p, c), 'extra_residual': (m, c - base, p),
-                  'sigma2': (m,), 'delta': (m,)}
-        for key, shape in shapes.items():
-            if arrays[key].shape != shape:
-                raise ValueError(f'{key} has shape {arrays[key].shape}, expected {shape} '
-                                 f'(feature_dim {d}, {c} classes, {base} base, {m} experts)')
-            if arrays[key].dtype.kind not in 'fiu' or not np.isfinite(arrays[key]).all():
-                raise ValueError(f'{key} has non-finite values or is not a real array '
-                                 f'({arrays[key].dtype})')
-        if (arrays['sigma2'] <= 0).any() or (arrays['delta'] <= 0).any():
-            raise ValueError('hyperparameters must be positive')
-        model = cls(arrays['weight'], arrays['bias'], config, names[:base], meta['model_id'])
-        model.class_names = names
-        model._centroids = arrays['centroids'].astype(np.float64)
-        model._gram = arrays['gram'].astype(np.float64)
-        model._class_sums = arrays['class_sums'].astype(np.float64)
-        model._extra_residual = arrays['extra_residual'].astype(np.float64)
-        model._extra_weight = np.zeros((m, c - base, p))
-        model._sigma2 = arrays['sigma2'].astype(np.float64)
-        model._delta = arrays['delta'].astype(np.float64)
-        model._covariance = np.zeros((m, p, p))
-        model._updates = np.zeros(m, dtype=np.int64)
-        threshold = meta['ood_threshold']
-        model.ood_threshold = None if threshold is None else float(threshold)
-        model.probit_lambda = float(meta['probit_lambda'])
-        model.temperature = float(meta['temperature'])
-        model.applied_updates = list(meta.get('applied_updates', []))
-        box_meta = meta.get('box_calibration')
-        model.box_calibration = None if box_meta is None else BoxCalibration.from_meta(box_meta)
-        reference = meta.get('score_reference')
-        model.score_reference = None if reference is None else ScoreReference.from_meta(reference)
-        transform = meta.get('feature_transform')
-        if transform is not None:
-            if 'feature_transform_means' not in arrays:
-                raise ValueError('feature_transform without its means array')
-            model.feature_transform = FeatureTransform.from_meta(
-                transform, arrays['feature_transform_means'], d)
-        scales = meta.get('scale_gating')
-        if scales is not None:
-            if meta['version'] < SCALE_FORMAT_VERSION:
-                raise ValueError(f'scale_gating in a version {meta["version"]} state')
-            model.scale_gating = ScaleGating.from_meta(scales, d)
-            for reference in model.scale_gating.references:
-                if reference is not None and reference.model_id != model.model_id:
-                    raise ValueError(f'a scale score reference belongs to model '
-                                     f'{reference.model_id!r}, the state to {model.model_id!r}')
-        model._check_scale_gating()
-        model._refresh_gating_cache()
-        model._refactor(range(m))
-        model._fitted = True
-        return model
-
-
-
-def score_signal(signal: str, logits: np.ndarray, variance: np.ndarray, entropy: np.ndarray,
-                 mutual: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
-    """The values of ``signal`` (``SCORE_SIGNALS``) from one query's predictive summary;
-    ``logits`` are the predictive's mean."""
-    if signal == 'gp_variance':
-        return variance
-    if signal == 'predictive_entropy':
-        return np.maximum(entropy, 0.0)
-    if signal == 'mutual_information':
-        return np.maximum(mutual, 0.0)
-    if signal == 'predictive_msp':
-        return 1.0 - probabilities.max(axis=1, initial=0.0)
-    if signal == 'predictive_lcb_energy':
-        if not len(logits):
-            return np.zeros(0)
-        f = np.asarray(logits, np.float64)
-        top = f.max(axis=1)
-        log_sum_exp = top + np.log(np.exp(f - top[:, None]).sum(axis=1))
-        # logsumexp(f - k sd) with one sd for every class: the energy's negative, lowered by
-        # k sd; through a sigmoid so that, like every signal, it is non-negative.
-        lowered = log_sum_exp - LCB_SIGMAS * np.sqrt(np.maximum(variance, 0.0))
-        return 1.0 / (1.0 + np.exp(np.clip(lowered, -700, 700)))
-    if signal in ('predictive_lcb_sigmoid', 'predictive_lcb_softmax'):
-        if not len(logits):
-            return np.zeros(0)
-        f = np.asarray(logits, np.float64)
-        top = f.argmax(axis=1)
-        rows = np.arange(len(f))
-        lowered = f[rows, top] - LCB_SIGMAS * np.sqrt(np.maximum(variance, 0.0))
-        if signal == 'predictive_lcb_sigmoid':
-            confidence = 0.5 * (1.0 + np.tanh(0.5 * lowered))
-        else:
-            others = f.copy()
-            others[rows, top] = -np.inf
-            rest = others.max(axis=1, keepdims=True)
-            # softmax probability of the top class with its logit lowered, computed stably
-            log_rest = (rest[:, 0] + np.log(np.exp(others - rest).sum(axis=1))
-                        if f.shape[1] > 1 else np.full(len(f), -np.inf))
-            confidence = 1.0 / (1.0 + np.exp(np.clip(log_rest - lowered, -700, 700)))
-        return 1.0 - confidence
-    raise ValueError(f'unknown score signal {signal!r}')
+    def _restore_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """Rebuild the posterior from the statistics of :meth:`_state_arrays` (their shapes
+        checked by the reader; the head went to the constructor), once the rest of the
+        state (feature transform, scale gating) is set: the taught classes' weights and the
+        gating depend on it."""
+        m, extra, p = arrays['extra_residual'].shape
+        self._centroids = arrays['centroids'].astype(np.float64)
+        self._gram = arrays['gram'].astype(np.float64)
+        self._class_sums = arrays['class_sums'].astype(np.float64)
+        self._extra_residual = arrays['extra_residual'].astype(np.float64)
+        self._extra_weight = np.zeros((m, extra, p))
+        self._sigma2 = arrays['sigma2'].astype(np.float64)
+        self._delta = arrays['delta'].astype(np.float64)
+        self._covariance = np.zeros((m, p, p))
+        self._updates = np.zeros(m, dtype=np.int64)
+        self._check_scale_gating()
+        self._refresh_gating_cache()
+        self._refactor(range(m))
+        self._fitted = True
