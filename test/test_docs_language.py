@@ -103,3 +103,97 @@ def test_the_product_names_no_folder_beside_the_workspace():
             if BESIDE_THE_WORKSPACE.search(line):
                 found.append(f'{path.relative_to(WORKSPACE)}:{number}: {line.strip()[:100]!r}')
     assert not found, 'names a folder outside the workspace:\n' + '\n'.join(found)
+
+
+#: Wording that is true only on the day it is written: the task a change was made for, and
+#: "this" or "the previous" commit, which name another commit once later ones land. A
+#: document names the commit by its hash or the run by its date instead. Pattern -> an
+#: example it catches (checked below).
+DATED_WORDING = {
+    r'(?<![A-Za-z0-9])the[ _]issue(?![A-Za-z0-9])': 'the arguments the issue asks for',
+    r"\bissue's\b": "against the issue's targets",
+    r'\bthis commit\b': 'measured with this commit',
+    r'\bprevious commit\b': 'alternately with the previous commit',
+}
+#: Product text the dated-wording patterns must leave alone.
+UNDATED_TEXT = [
+    "frames stamped after the label's commit", 'at commit 17823f4', 'the launch file of commit '
+    'b14c1ba', 'issue a warning', 'an issue of the camera driver', 'reissue the request',
+    'the commit of the transaction', 'tissue sample',
+]
+#: An absolute temporary path: a run's scratch folder, meaningless on any other machine.
+TEMPORARY_PATH = re.compile(r'(?<![\w.~-])/(?:var/)?tmp/')
+#: Where dated wording is looked for: the documents, the committed reports, the product code.
+DATED_WORDING_TREES = ('README.md', 'docs', 'models', 'src', 'scripts', 'launch', 'config',
+                       'docker')
+
+
+def is_committed_report(relative: Path) -> bool:
+    """A committed output of a run: JSON under models/ or docs/, markdown under models/ or
+    docs/benchmarks/."""
+    parts = relative.parts
+    if relative.suffix == '.json':
+        return parts[0] in ('models', 'docs')
+    if relative.suffix == '.md':
+        return parts[0] == 'models' or parts[:2] == ('docs', 'benchmarks')
+    return False
+
+
+def dated_wording(root: Path, relative_paths: list[Path]) -> list[str]:
+    """``file:line: match`` for each dated phrase in the product trees and each absolute
+    temporary path in a committed report, among ``relative_paths`` under ``root``."""
+    patterns = [re.compile(p, re.IGNORECASE) for p in DATED_WORDING]
+    found = []
+    for relative in relative_paths:
+        if relative.parts[0] not in DATED_WORDING_TREES:
+            continue
+        checks = patterns + ([TEMPORARY_PATH] if is_committed_report(relative) else [])
+        text = (root / relative).read_text(encoding='utf-8', errors='replace')
+        for number, line in enumerate(text.splitlines(), 1):
+            for pattern in checks:
+                if match := pattern.search(line):
+                    found.append(f'{relative.as_posix()}:{number}: {match.group(0)!r} '
+                                 f'in {line.strip()[:100]!r}')
+                    break
+    return found
+
+
+@pytest.mark.parametrize('pattern', DATED_WORDING)
+def test_each_dated_pattern_catches_its_example_and_no_product_text(pattern):
+    compiled = re.compile(pattern, re.IGNORECASE)
+    assert compiled.search(DATED_WORDING[pattern])
+    assert not [text for text in UNDATED_TEXT if compiled.search(text)]
+
+
+def test_the_dated_wording_check_finds_planted_examples(tmp_path):
+    planted = {
+        'README.md': 'Speed-up against the previous commit.\n',
+        'docs/guide.md': 'Fine.\nThe NTK-GP meets the issue\'s target.\n',
+        'src/pkg/pkg/report.py': '# Mark where this commit reaches the target.\n',
+        'test/test_x.py': 'def test_the_arguments_of_the_issue(): ...\n',  # not a product tree
+        'models/third/fit.json': '{"out": "/tmp/final/gp.npz", "data": "DATA/train.json"}\n',
+        'docs/benchmarks/run.md': 'written to /var/tmp/run\n',
+        'docs/howto.md': 'uq sim dataset --out /tmp/data   # a command, not a report\n',
+        'models/clean.json': '{"out": "models/gp.npz", "note": "build/tmp/x"}\n',
+    }
+    for name, text in planted.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text, encoding='utf-8')
+    found = dated_wording(tmp_path, [Path(name) for name in planted])
+    assert [line.split(': ', 1)[0] for line in found] == [
+        'README.md:1', 'docs/guide.md:2', 'src/pkg/pkg/report.py:1', 'models/third/fit.json:1',
+        'docs/benchmarks/run.md:1'], found
+    assert TEMPORARY_PATH.search('"file:///tmp/x"')
+    assert not TEMPORARY_PATH.search('out/tmp/x, ~/tmp/x, ./tmp/x')
+
+
+def test_no_dated_wording_or_temporary_paths_in_the_product():
+    if not (WORKSPACE / '.git').exists():
+        pytest.skip('not a git checkout: the tracked files are unknown')
+    relative = [path.relative_to(WORKSPACE) for path in _tracked_text_files()]
+    assert [p for p in relative if is_committed_report(p) and p.suffix == '.json'], \
+        'no committed report found: the check would pass vacuously'
+    found = dated_wording(WORKSPACE, relative)
+    assert not found, ('dated wording or an absolute temporary path (name the commit by its '
+                       'hash, the run by its date, a path relative to the repository):\n'
+                       + '\n'.join(found))

@@ -68,7 +68,7 @@ QUOTED = [
       (*_LATENCY, 'detect_with_gp_p50'), (*_LATENCY, 'detect_with_gp_p99')], '.1f'),
     (MODEL_CARD, '| >= 0.90 | **{}** (', EVAL, [('detection_test', 'ap50_mean')], '.3f'),
     (MODEL_CARD, '| >= 0.80 | **{}** (', EVAL, [(*_UNCERTAINTY, 'unknown_recall')], '.3f'),
-    (MODEL_CARD, '| >= 0.95 | **{}** (', EVAL,
+    (MODEL_CARD, '| >= 0.97 (missed) | **{}** (', EVAL,
      [(*_UNCERTAINTY, 'auroc_unknown', 'gp_variance')], '.3f'),
     (MODEL_CARD, 'predictive entropy {}, max softmax {})', EVAL,
      [(*_UNCERTAINTY, 'auroc_unknown', 'predictive_entropy'),
