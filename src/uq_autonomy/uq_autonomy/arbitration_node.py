@@ -128,7 +128,7 @@ def detection_summaries(msg: DetectionArray) -> list[DetectionSummary]:
             u.gp_variance, u.mutual_information,
             tuple(float(p) for p in d.class_probabilities), d.score, u.predictive_entropy,
             u.expected_entropy, u.max_probability, tuple(float(v) for v in u.class_variance),
-            u.calibrated_score))
+            u.calibrated_score, u.track_score, u.track_views, u.track_labelled))
     return out
 
 
@@ -448,6 +448,9 @@ class ArbitrationNode(Node):
         msg.reason = state.reason
         msg.perception_stale = state.perception_stale
         msg.override_active = state.override_active
+        msg.suspect_hold = state.suspect_hold
+        msg.suspect_track_id = state.suspect_track_id
+        msg.track_score = state.track_score
         if state.override_expires is not None:
             # The arbiter keeps time on the monotonic clock; report the end in ROS time.
             remaining = max(0.0, state.override_expires - time.monotonic())

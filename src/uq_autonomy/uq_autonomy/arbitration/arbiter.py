@@ -33,6 +33,13 @@ the window, another model, an override or a reset forget ``L``, and the climb is
 one. The fail-safe itself is
 unchanged: no perception is still teleoperation, and down steps are still immediate.
 
+Suspect targets: while the driving detection's track is suspect (its evidence over its
+views says unfamiliar, :mod:`uq_autonomy.arbitration.suspect`), the level is at most
+guided: a higher level steps down to guided at once, and no climb goes past it, whatever
+the frame's own score, until the track is confirmed familiar or labelled as the target.
+``suspect_hold`` reports the cap when it holds back a level the signal alone would give.
+A manual override outranks the cap (the operator chose the level).
+
 Fail-safe: when perception is unusable (no valid ``DetectionArray`` within the deadline, an
 invalid one -- any bad field, stamp or size, see :func:`assess_frame` -- none holding the
 driving detection, or a signal the loaded model cannot give, see :func:`signal_problem`) the
@@ -67,6 +74,7 @@ from uq_autonomy.arbitration.frame_validity import (
     UncertaintyValues,
     assess_frame,
 )
+from uq_autonomy.arbitration.suspect import NOT_SUSPECT, SuspectGate, TrackEvidence
 
 
 def limit_command(command: NDArray[np.float64], previous: NDArray[np.float64], dt: float,
@@ -175,6 +183,9 @@ class ArbiterState:
     perception_stale: bool
     override_active: bool
     override_expires: float | None
+    suspect_hold: bool = False
+    suspect_track_id: int = -1
+    track_score: float = math.nan
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +268,10 @@ class Arbiter:
         self._override_expires: float | None = None
         self._sent = np.zeros(TWIST_SIZE)
         self._sent_time: float | None = None
+        self._gate = SuspectGate()
+        self._suspect = NOT_SUSPECT
+        self._suspect_hold = False
+        self._track_score = math.nan
 
     @property
     def config(self) -> ArbiterConfig:
@@ -360,9 +375,19 @@ class Arbiter:
         self._frame = frame
         self._perception = judged
         self._perception_time = now
+        self._suspect, self._track_score = NOT_SUSPECT, math.nan
         if judged.usable:
             self._last_usable = now
+            if 0 <= judged.index < len(detections):
+                self._judge_track(detections[judged.index])
         return self.step(now)
+
+    def _judge_track(self, d: DetectionSummary) -> None:
+        self._track_score = d.track_score
+        self._suspect = self._gate.judge(
+            TrackEvidence(d.track_id, d.class_id, d.center_x, d.center_y, d.width, d.height,
+                          d.calibrated_score, d.track_score, d.track_views, d.track_labelled),
+            self._config.suspect, self._config.target_class)
 
     def observe_invalid(self, now: float, reason: str) -> Step:
         """Take a frame found invalid before it was converted (too large, badly stamped,
@@ -371,6 +396,7 @@ class Arbiter:
         self._frame = None
         self._perception = Perception(False, math.nan, reason)
         self._perception_time = now
+        self._suspect, self._track_score = NOT_SUSPECT, math.nan
         return self.step(now)
 
     def reset(self, now: float, reason: str) -> Step:
@@ -384,6 +410,8 @@ class Arbiter:
         self._last_usable = None
         self._up_since = None
         self._outage = None
+        self._gate.reset()
+        self._suspect, self._track_score = NOT_SUSPECT, math.nan
         return self.step(now)
 
     def command_to_send(self, now: float, command: ArrayLike) -> NDArray[np.float64]:
@@ -501,6 +529,15 @@ class Arbiter:
                               'level before the outage restored')
 
     def _signal_target(self, now: float) -> tuple[Level, str]:
+        """The level the signal gives, capped at guided while the driving track is
+        suspect; sets ``suspect_hold`` when the cap holds back a higher level."""
+        target, reason = self._uncapped_target(now)
+        self._suspect_hold = self._suspect.suspect and target > Level.GUIDED
+        if self._suspect_hold:
+            return Level.GUIDED, self._suspect.reason
+        return target, reason
+
+    def _uncapped_target(self, now: float) -> tuple[Level, str]:
         restored = self._restored_level(now)
         if restored is not None:
             return restored
@@ -538,7 +575,9 @@ class Arbiter:
             Reason to report if the level does not change (used for override release).
         """
         now = self._clock(now)
-        before = (self._level, self._reason, self._stale, self._override is not None)
+        before = (self._level, self._reason, self._stale, self._override is not None,
+                  self._suspect_hold)
+        self._suspect_hold = False
         if self._override_expires is not None and now >= self._override_expires:
             self._override = None
             self._override_expires = None
@@ -563,12 +602,13 @@ class Arbiter:
             self._last_change = now
             self._up_since = None
             self._reason = reason
-        elif not usable or self._override is not None:
+        elif not usable or self._override is not None or self._suspect_hold:
             self._reason = reason  # why the level is held
         elif note is not None:
             self._reason = note
         self._stale = not usable
-        after = (self._level, self._reason, self._stale, self._override is not None)
+        after = (self._level, self._reason, self._stale, self._override is not None,
+                 self._suspect_hold)
         return Step(self._state(), self._command(now), transition, after != before)
 
     def _state(self) -> ArbiterState:
@@ -580,7 +620,9 @@ class Arbiter:
             down_thresholds=cfg.thresholds.down, blend_alpha=blend_alpha(u, cfg),
             reason=self._reason, perception_stale=self._stale,
             override_active=self._override is not None,
-            override_expires=self._override_expires)
+            override_expires=self._override_expires, suspect_hold=self._suspect_hold,
+            suspect_track_id=self._suspect.track_id,
+            track_score=self._track_score if not self._stale else math.nan)
 
     def _command(self, now: float) -> NDArray[np.float64]:
         cfg = self._config

@@ -51,6 +51,8 @@ class UncertaintySignal(StrEnum):
 
 # ``Uncertainty.calibrated_score`` of a model without a score reference (outside [0, 1]).
 NO_CALIBRATED_SCORE = -1.0
+# Uncertainty.track_score of a detection without track evidence (untracked, or no score).
+NO_TRACK_SCORE = -1.0
 # ``DetectionArray.reference_variance_max`` / ``ood_threshold`` when the model has none.
 NO_MODEL_FIGURE = -1.0
 # Raw GP-variance thresholds more than this many times the loaded model's largest
@@ -134,6 +136,37 @@ class Thresholds:
                      f'got down={down:g} <= up={up:g}')
 
 
+@dataclass(frozen=True, slots=True)
+class SuspectConfig:
+    """Parameters of the suspect gate (``suspect.*`` of ``config/arbitration.yaml``; the
+    rule is in :mod:`uq_autonomy.arbitration.suspect`).
+
+    Raises
+    ------
+    ValueError
+        On an out-of-range value, naming it.
+    """
+
+    enabled: bool = True
+    threshold: float = 0.75
+    min_views: int = 3
+    confirm_frames: int = 5
+    confirm_view_change: float = 0.1
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.enabled, bool), f'suspect.enabled must be a bool, got '
+                                                 f'{self.enabled!r}')
+        _require(math.isfinite(self.threshold) and 0.0 < self.threshold < 1.0,
+                 f'suspect.threshold must lie in (0, 1) (a track score is a fraction), got '
+                 f'{self.threshold}')
+        _require(self.min_views >= 1, f'suspect.min_views must be >= 1, got {self.min_views}')
+        _require(self.confirm_frames >= 1,
+                 f'suspect.confirm_frames must be >= 1, got {self.confirm_frames}')
+        _require(math.isfinite(self.confirm_view_change) and self.confirm_view_change >= 0.0,
+                 'suspect.confirm_view_change must be finite and >= 0, got '
+                 f'{self.confirm_view_change}')
+
+
 @dataclass(frozen=True)
 class ArbiterConfig:
     """Everything that tunes the arbiter; validated on construction.
@@ -186,6 +219,9 @@ class ArbiterConfig:
     max_linear_accel, max_angular_accel : float
         Bounds on how fast those parts may change between commands sent (m/s^2, rad/s^2),
         speeding up and slowing down alike.
+    suspect : SuspectConfig
+        The suspect gate: a driving track whose evidence over its views says unfamiliar
+        keeps the level at guided (:mod:`uq_autonomy.arbitration.suspect`).
 
     Raises
     ------
@@ -222,6 +258,7 @@ class ArbiterConfig:
     max_angular_speed: float = 1.5
     max_linear_accel: float = 2.0
     max_angular_accel: float = 4.0
+    suspect: SuspectConfig = field(default_factory=SuspectConfig)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, 'uncertainty_signal', parse_enum(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from uq_autonomy.arbitration.config import (
     NEGATIVE_TOLERANCE,
     NO_CALIBRATED_SCORE,
+    NO_TRACK_SCORE,
     ArbiterConfig,
     DrivingDetection,
     UncertaintySignal,
@@ -60,6 +61,9 @@ class DetectionSummary:
     max_probability: float = 0.0
     class_variance: tuple[float, ...] = ()
     calibrated_score: float = NO_CALIBRATED_SCORE
+    track_score: float = NO_TRACK_SCORE
+    track_views: int = 0
+    track_labelled: bool = False
 
     @property
     def uncertainty(self) -> UncertaintyValues:
@@ -173,6 +177,11 @@ def detection_problem(i: int, d: DetectionSummary, num_classes: int) -> str | No
     probs = d.class_probabilities
     if len(probs) != num_classes:
         return f'{len(probs)} class probabilities for {num_classes} classes in {where}'
+    track = d.track_score
+    if not (math.isfinite(track) and (0.0 <= track <= 1.0 or track == NO_TRACK_SCORE)):
+        return f'track_score {track:.6g} neither in [0, 1] nor {NO_TRACK_SCORE:g} (none) in {where}'
+    if d.track_views < 0:
+        return f'negative track_views ({d.track_views}) in {where}'
     if probs:
         if not _all_finite(probs):
             return f'non-finite class probability in {where}'

@@ -17,6 +17,7 @@ from uq_autonomy.arbitration.config import (
     NUM_LEVELS,
     ArbiterConfig,
     DrivingDetection,
+    SuspectConfig,
     Thresholds,
     UncertaintySignal,
 )
@@ -36,7 +37,8 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
                   'announced on autonomy/target_track_id).',
                   choices=[m.value for m in DrivingDetection]),
     ParameterSpec('target_class', _DEFAULT.target_class,
-                  "Class name followed when driving_detection is 'target_class'."),
+                  "Class name followed when driving_detection is 'target_class'; also the only "
+                  'class whose label lifts the suspect cap (any label when empty).'),
     ParameterSpec('target_track_id', _DEFAULT.target_track_id,
                   "Track id followed when driving_detection is 'track_id'.",
                   min_value=-1, max_value=2**31 - 1),
@@ -124,6 +126,25 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
     ParameterSpec('max_angular_accel', _DEFAULT.max_angular_accel,
                   'Largest rate of change of the angular part of cmd_vel, up and down '
                   '(rad/s^2).', min_value=0.001, max_value=1000.0),
+    ParameterSpec('suspect.enabled', _DEFAULT.suspect.enabled,
+                  'Keep the level at guided while the driving track is suspect: its track '
+                  'score (mean calibrated score over its distinct views) reached '
+                  'suspect.threshold, and it was neither confirmed familiar nor labelled.'),
+    ParameterSpec('suspect.threshold', _DEFAULT.suspect.threshold,
+                  'Track score at or above which the driving track becomes suspect; fixed on '
+                  'known objects (a high quantile of their track scores, uq eval tracks).',
+                  min_value=0.0, max_value=1.0, constraints='in (0, 1)'),
+    ParameterSpec('suspect.min_views', _DEFAULT.suspect.min_views,
+                  'Distinct views a track needs before its track score can make it suspect.',
+                  min_value=1, max_value=10000),
+    ParameterSpec('suspect.confirm_frames', _DEFAULT.suspect.confirm_frames,
+                  'Frames in a row, each from a view differing by suspect.confirm_view_change, '
+                  'with a calibrated score below suspect.threshold that confirm a suspect track '
+                  'familiar.', min_value=1, max_value=10000),
+    ParameterSpec('suspect.confirm_view_change', _DEFAULT.suspect.confirm_view_change,
+                  'Least change between two confirming views: box displacement over its '
+                  'diagonal, or |log| of the area ratio, whichever is larger.',
+                  min_value=0.0, max_value=100.0),
     ParameterSpec('decision_period_s', 0.05,
                   'Period of the decision timer: fail-safe checks, override expiry and cmd_vel '
                   'publication.', min_value=0.001, max_value=1.0, read_only=True),
@@ -211,6 +232,11 @@ def config_from_values(values: Mapping[str, Any]) -> ArbiterConfig:
         max_angular_speed=values['max_angular_speed'],
         max_linear_accel=values['max_linear_accel'],
         max_angular_accel=values['max_angular_accel'],
+        suspect=SuspectConfig(
+            enabled=values['suspect.enabled'], threshold=values['suspect.threshold'],
+            min_views=values['suspect.min_views'],
+            confirm_frames=values['suspect.confirm_frames'],
+            confirm_view_change=values['suspect.confirm_view_change']),
     )
 
 

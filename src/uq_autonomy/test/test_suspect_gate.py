@@ -1,0 +1,215 @@
+"""The suspect gate: a driving track whose evidence over its views says unfamiliar keeps the
+level at guided until it is confirmed familiar from changing views or labelled as the
+target (uq_autonomy.arbitration.suspect, and its use by the arbiter).
+
+Properties are checked with hypothesis on random score sequences; the expected verdicts are
+re-derived here from the frame history, not read from the gate's internals.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from uq_autonomy.arbitration.arbiter import Arbiter
+from uq_autonomy.arbitration.config import ArbiterConfig, Level, SuspectConfig, Thresholds
+from uq_autonomy.arbitration.frame_validity import DetectionSummary, assess_frame
+from uq_autonomy.arbitration.params import config_from_values, default_values
+from uq_autonomy.arbitration.suspect import SuspectGate, TrackEvidence, view_change
+
+SETTINGS = settings(max_examples=80, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+GATE = SuspectConfig(threshold=0.75, min_views=3, confirm_frames=4, confirm_view_change=0.1)
+# Climb thresholds of the simulation profile: every score below 0.86 allows assistance.
+THRESHOLDS = Thresholds(up=(0.9, 0.88, 0.86), down=(0.97, 0.95, 0.93))
+
+
+def evidence(score: float, track_score: float, views: int = 5, *, x: float = 100.0,
+             labelled: bool = False, class_id: str = 'ellipsoid', track: int = 7
+             ) -> TrackEvidence:
+    return TrackEvidence(track, class_id, x, 100.0, 20.0, 20.0, score, track_score, views,
+                         labelled)
+
+
+def detection(score: float, track_score: float, views: int = 5, *, x: float = 100.0,
+              labelled: bool = False, class_id: str = 'ellipsoid', track: int = 7
+              ) -> DetectionSummary:
+    return DetectionSummary(class_id, 0, track, x, 100.0, 20.0, 20.0, 0.0, 0.0, (1.0,),
+                            calibrated_score=score, track_score=track_score,
+                            track_views=views, track_labelled=labelled)
+
+
+def arbiter(**changes) -> Arbiter:
+    config = ArbiterConfig(calibrated_score_thresholds=THRESHOLDS, min_dwell_s=0.0,
+                           target_class='ellipsoid', suspect=GATE, **changes)
+    return Arbiter(config, 0.0)
+
+
+def test_config_is_validated_by_rule():
+    for bad in ({'threshold': 0.0}, {'threshold': 1.0}, {'threshold': math.nan},
+                {'min_views': 0}, {'confirm_frames': 0}, {'confirm_view_change': -0.1},
+                {'confirm_view_change': math.inf}):
+        with pytest.raises(ValueError, match='suspect.'):
+            SuspectConfig(**bad)
+    values = default_values()
+    values['suspect.threshold'] = 1.5
+    with pytest.raises(ValueError, match='suspect.threshold'):
+        config_from_values(values)
+    values['suspect.threshold'] = 1.0
+    with pytest.raises(ValueError, match='suspect.threshold'):
+        config_from_values(values)
+
+
+def test_the_shipped_defaults_gate():
+    config = config_from_values(default_values())
+    assert config.suspect.enabled and 0.0 < config.suspect.threshold < 1.0
+    assert config.suspect.confirm_frames > 1
+
+
+def test_view_change_is_relative_displacement_or_size():
+    assert view_change((0, 0, 10, 10), (0, 0, 10, 10)) == 0.0
+    # Moved by its own diagonal.
+    assert view_change((0, 0, 3, 4), (5, 0, 3, 4)) == pytest.approx(1.0)
+    # Doubled in area, not moved.
+    assert view_change((0, 0, 10, 10), (0, 0, 20, 10)) == pytest.approx(math.log(2))
+    assert view_change((0, 0, 10, 10), (1, 0, 20, 10)) == pytest.approx(math.log(2))
+
+
+def test_not_suspect_below_threshold_or_with_too_few_views():
+    gate = SuspectGate()
+    assert not gate.judge(evidence(0.9, 0.7), GATE).suspect
+    assert not gate.judge(evidence(0.9, 0.8, views=2), GATE).suspect
+    assert gate.judge(evidence(0.9, 0.8, views=3), GATE).suspect
+    assert not SuspectGate().judge(evidence(0.9, -1.0), GATE).suspect
+    assert not SuspectGate().judge(evidence(0.9, 0.9, track=-1), GATE).suspect
+    assert not SuspectGate().judge(evidence(0.9, 0.9),
+                                   SuspectConfig(enabled=False)).suspect
+
+
+@given(later=st.lists(st.tuples(st.floats(0.0, 1.0), st.floats(0.0, 1.0)), max_size=40))
+@SETTINGS
+def test_a_suspect_track_stays_suspect_without_familiar_views_from_changing_positions(later):
+    """Whatever the later scores, a suspect track whose box does not move is never cleared:
+    the same view seen again is no confirmation."""
+    gate = SuspectGate()
+    assert gate.judge(evidence(0.95, 0.9), GATE).suspect
+    for score, track_score in later:
+        assert gate.judge(evidence(score, track_score), GATE).suspect
+
+
+@given(steps=st.lists(st.tuples(st.floats(0.0, 1.0), st.booleans()), min_size=1,
+                      max_size=40))
+@SETTINGS
+def test_confirmation_needs_n_familiar_distinct_views_in_a_row(steps):
+    """Expected state re-derived: a familiar frame from a moved view counts one, an
+    unfamiliar one resets the count, a repeated view counts nothing."""
+    gate = SuspectGate()
+    gate.judge(evidence(0.95, 0.9), GATE)
+    count, x, last_x, cleared = 0, 100.0, None, False
+    for score, moves in steps:
+        x += 10.0 if moves else 0.0  # 10 px on a 28 px diagonal: a new view
+        verdict = gate.judge(evidence(score, 0.9, x=x), GATE)
+        if not cleared:
+            if score < GATE.threshold:
+                if last_x is None or x != last_x:
+                    count, last_x = count + 1, x
+            else:
+                count, last_x = 0, None
+            cleared = count >= GATE.confirm_frames
+        assert verdict.suspect == (not cleared)
+
+
+def test_one_low_frame_does_not_lift_the_cap():
+    gate = SuspectGate()
+    gate.judge(evidence(0.95, 0.9), GATE)
+    assert gate.judge(evidence(0.1, 0.9, x=130.0), GATE).suspect
+    for i in range(GATE.confirm_frames - 2):
+        assert gate.judge(evidence(0.1, 0.9, x=160.0 + 30 * i), GATE).suspect
+    assert not gate.judge(evidence(0.1, 0.9, x=400.0), GATE).suspect
+
+
+def test_a_label_of_the_target_class_lifts_it_and_another_class_does_not():
+    gate = SuspectGate()
+    gate.judge(evidence(0.95, 0.9), GATE)
+    assert gate.judge(evidence(0.95, 0.9, labelled=True, class_id='torus'), GATE,
+                      'ellipsoid').suspect
+    assert not gate.judge(evidence(0.95, 0.9, labelled=True), GATE, 'ellipsoid').suspect
+    # A label is final for the track: later unfamiliar views do not make it suspect again.
+    assert not gate.judge(evidence(0.99, 0.99), GATE, 'ellipsoid').suspect
+
+
+def _climb(arb: Arbiter, t: float, frames: list[DetectionSummary]) -> tuple[float, Level]:
+    for det in frames:
+        t += 0.1
+        arb.observe(t, [det], 1)
+    return t, arb.level
+
+
+@given(scores=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=40))
+@SETTINGS
+def test_a_suspect_driving_track_never_goes_above_guided(scores):
+    """However familiar the later frames look, without confirmation (the box never moves)
+    or a label the level stays at or below guided."""
+    arb = arbiter()
+    t, level = _climb(arb, 0.0, [detection(0.5, 0.2)] * 5)
+    assert level is Level.ASSISTANCE  # a familiar track climbs
+    step = arb.observe(t + 0.1, [detection(0.9, 0.9)], 1)
+    assert step.state.level <= Level.GUIDED and step.state.suspect_track_id == 7
+    for i, score in enumerate(scores):
+        step = arb.observe(t + 0.2 + 0.1 * i, [detection(score, 0.9)], 1)
+        assert step.state.level <= Level.GUIDED, step.state.reason
+        assert arb.step(t + 0.25 + 0.1 * i).state.level <= Level.GUIDED
+
+
+def test_suspect_hold_reports_the_level_held_back_and_the_label_lifts_it():
+    arb = arbiter()
+    t, level = _climb(arb, 0.0, [detection(0.5, 0.9)] * 6)
+    assert level is Level.GUIDED
+    state = arb.step(t).state
+    assert state.suspect_hold and state.suspect_track_id == 7
+    assert state.track_score == pytest.approx(0.9)
+    assert 'suspect target' in state.reason
+    t, level = _climb(arb, t, [detection(0.5, 0.9, labelled=True)] * 3)
+    assert level is Level.ASSISTANCE and not arb.step(t).state.suspect_hold
+
+
+def test_a_label_of_another_class_keeps_it_capped():
+    arb = arbiter()
+    t, _ = _climb(arb, 0.0, [detection(0.5, 0.9)] * 6)
+    t, level = _climb(arb, t, [detection(0.5, 0.9, labelled=True, class_id='mug')] * 5)
+    assert level is Level.GUIDED
+
+
+def test_confirmed_from_moving_views_the_level_climbs():
+    arb = arbiter()
+    t, _ = _climb(arb, 0.0, [detection(0.5, 0.9)] * 6)
+    frames = [detection(0.5, 0.9, x=100.0 + 15 * i) for i in range(1, GATE.confirm_frames + 3)]
+    t, level = _climb(arb, t, frames)
+    assert level is Level.ASSISTANCE
+
+
+def test_no_hold_while_the_signal_alone_keeps_the_level_low():
+    arb = arbiter()
+    t, level = _climb(arb, 0.0, [detection(0.99, 0.9)] * 5)
+    state = arb.step(t).state
+    assert level is Level.TELEOPERATION and not state.suspect_hold
+
+
+def test_a_reset_forgets_suspect_tracks():
+    arb = arbiter()
+    t, _ = _climb(arb, 0.0, [detection(0.5, 0.9)] * 6)
+    arb.reset(t, 'clock jumped back')
+    t, level = _climb(arb, t + 1.0, [detection(0.5, 0.2, views=1)] * 5)
+    assert level is Level.ASSISTANCE
+
+
+def test_a_track_score_outside_its_range_makes_the_frame_invalid():
+    config = ArbiterConfig(calibrated_score_thresholds=THRESHOLDS)
+    for bad in (1.5, -0.5, math.nan, math.inf):
+        verdict = assess_frame([detection(0.5, bad)], 1, config)
+        assert not verdict.usable and 'track_score' in verdict.reason
+    assert assess_frame([detection(0.5, -1.0)], 1, config).usable
+    assert not assess_frame([detection(0.5, 0.5, views=-1)], 1, config).usable

@@ -1,0 +1,150 @@
+"""Suspect targets (ROS-free): a track whose evidence over its views says unfamiliar keeps
+the level at guided until it is confirmed familiar or a person labels it.
+
+One frame does not tell a confident look-alike from the target: the look-alike looks
+strange from some views and familiar from others, and a level that follows the current
+frame climbs in a familiar moment. The detector therefore publishes, per detection, its
+track's evidence (``Uncertainty.track_score``: the mean calibrated score over the track's
+distinct views, ``uq_perception/track_evidence.py``). The gate here reads it for the driving
+detection:
+
+* the track becomes **suspect** when its ``track_score`` is at or above ``threshold`` over at
+  least ``min_views`` distinct views (a mean over one or two views is one frame's noise);
+* a suspect track stays suspect, whatever its later scores, until it is **confirmed**:
+  ``confirm_frames`` frames in a row whose calibrated score is below ``threshold``, each
+  from a view that differs from the previous confirming one by at least
+  ``confirm_view_change`` (relative box displacement or size change), so a robot standing
+  still in front of a familiar-looking side cannot confirm it;
+* or until it is **labelled as the target**: the detector marks a detection
+  ``track_labelled`` when a person labelled its object with the class the detection now has;
+  with ``target_class`` set, only that class lifts the cap (a label naming another class
+  means the object is not the target, and the autonomy retargets).
+
+While the driving track is suspect the level is at most guided (the operator drives; the
+autonomy's proposal is shown). The threshold is fixed on known objects: a high quantile of
+the track scores of known tracks (``uq eval tracks``), not the maximum over views, which
+known objects also reach from some view.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from uq_autonomy.arbitration.config import NO_TRACK_SCORE, SuspectConfig
+
+# Tracks remembered at once: a frame holds at most a few hundred detections and only the
+# driving one is judged, so this bounds the memory of a long run, not a frame's work.
+MAX_TRACKS = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TrackEvidence:
+    """What the gate reads of the driving detection."""
+
+    track_id: int
+    class_id: str
+    center_x: float
+    center_y: float
+    width: float
+    height: float
+    calibrated_score: float
+    track_score: float = NO_TRACK_SCORE
+    track_views: int = 0
+    track_labelled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SuspectVerdict:
+    """The gate's verdict on the driving track: ``suspect`` caps the level at guided."""
+
+    suspect: bool
+    track_id: int
+    reason: str
+
+
+NOT_SUSPECT = SuspectVerdict(False, -1, '')
+
+
+def view_change(a: tuple[float, float, float, float], b: tuple[float, float, float, float]
+                ) -> float:
+    """How much two boxes ``(cx, cy, w, h)`` differ as views of one object: the centre's
+    displacement over the mean box diagonal, or the absolute log of the area ratio,
+    whichever is larger."""
+    diagonal = 0.5 * (math.hypot(a[2], a[3]) + math.hypot(b[2], b[3]))
+    moved = math.hypot(a[0] - b[0], a[1] - b[1]) / diagonal if diagonal > 0.0 else math.inf
+    area_a, area_b = a[2] * a[3], b[2] * b[3]
+    resized = abs(math.log(area_a / area_b)) if area_a > 0.0 and area_b > 0.0 else math.inf
+    return max(moved, resized)
+
+
+@dataclass(slots=True)
+class _Track:
+    suspect: bool = False
+    cleared: str = ''  # why the track may drive above guided: 'confirmed' or 'labelled'
+    confirmations: int = 0
+    last_confirming_box: tuple[float, float, float, float] | None = None
+
+
+class SuspectGate:
+    """Per-track suspect state; see the module docstring. Not thread-safe."""
+
+    def __init__(self) -> None:
+        self._tracks: OrderedDict[int, _Track] = OrderedDict()  # least recently judged first
+
+    def reset(self) -> None:
+        """Forget every track (perception reset: track ids may be reused)."""
+        self._tracks.clear()
+
+    def is_suspect(self, track_id: int) -> bool:
+        """Whether ``track_id`` is suspect now (False for a track never judged)."""
+        track = self._tracks.get(track_id)
+        return track is not None and track.suspect
+
+    def judge(self, det: TrackEvidence, config: SuspectConfig, target_class: str = ''
+              ) -> SuspectVerdict:
+        """Update the driving track's state with this frame's detection and judge it."""
+        if not config.enabled or det.track_id < 0:
+            return NOT_SUSPECT
+        track = self._tracks.get(det.track_id)
+        if track is None:
+            track = self._tracks[det.track_id] = _Track()
+            while len(self._tracks) > MAX_TRACKS:
+                self._tracks.popitem(last=False)
+        self._tracks.move_to_end(det.track_id)
+        if det.track_labelled and (not target_class or det.class_id == target_class):
+            track.suspect, track.cleared = False, 'labelled'
+            return NOT_SUSPECT
+        if track.cleared == 'labelled':
+            return NOT_SUSPECT
+        score = det.track_score
+        has_evidence = math.isfinite(score) and score >= 0.0
+        if not track.suspect:
+            if (has_evidence and not track.cleared and det.track_views >= config.min_views
+                    and score >= config.threshold):
+                track.suspect, track.confirmations, track.last_confirming_box = True, 0, None
+            else:
+                return NOT_SUSPECT
+        if self._confirms(track, det, config):
+            track.suspect, track.cleared = False, 'confirmed'
+            return NOT_SUSPECT
+        return SuspectVerdict(True, det.track_id, (
+            f'suspect target: track {det.track_id} scored {score:.3f} over '
+            f'{det.track_views} views (suspect at {config.threshold:.3f}); held at guided '
+            f'until {config.confirm_frames} familiar views in a row or a label'))
+
+    @staticmethod
+    def _confirms(track: _Track, det: TrackEvidence, config: SuspectConfig) -> bool:
+        """Count this frame toward confirmation; True once the track is confirmed."""
+        familiar = (math.isfinite(det.calibrated_score)
+                    and 0.0 <= det.calibrated_score < config.threshold)
+        if not familiar:
+            track.confirmations, track.last_confirming_box = 0, None
+            return False
+        box = (det.center_x, det.center_y, det.width, det.height)
+        last = track.last_confirming_box
+        if last is None or view_change(box, last) >= config.confirm_view_change:
+            track.confirmations += 1
+            track.last_confirming_box = box
+        return track.confirmations >= config.confirm_frames
