@@ -1,6 +1,7 @@
 """Shared-autonomy arbitration node: perception uncertainty gates the robot's level of autonomy.
 
-Thin ROS 2 adapter around :class:`uq_autonomy.arbitration.arbiter.Arbiter` (all decisions live there).
+Thin ROS 2 adapter around :class:`uq_autonomy.arbitration.arbiter.Arbiter` (all decisions live
+there).
 
 Subscribes
     ``detections`` (uq_msgs/DetectionArray, best-effort: accepts best-effort and reliable
@@ -62,13 +63,13 @@ from std_msgs.msg import Int32
 
 from uq_autonomy.arbitration.arbiter import Arbiter, ArbiterState, Step
 from uq_autonomy.arbitration.config import Level, ModelRange
-from uq_autonomy.arbitration.params import NODE_NAME, PARAMETERS, config_from_values
 from uq_autonomy.arbitration.frame_validity import (
     DetectionSummary,
     UncertaintyValues,
     stamp_problem,
     too_many_detections,
 )
+from uq_autonomy.arbitration.params import NODE_NAME, PARAMETERS, config_from_values
 from uq_common.node_main import node_argument_parser, run_node
 from uq_common.parameters import declare_parameters, plain_value
 from uq_common.rolling_stats import RollingStats

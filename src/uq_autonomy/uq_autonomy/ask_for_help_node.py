@@ -9,7 +9,10 @@ describes the loop.
 Subscribes
     ``detections`` (uq_msgs/DetectionArray, best-effort) and ``image`` (sensor_msgs/Image,
     best-effort): the last ``image_buffer`` images are kept by stamp, so a request's crop
-    comes from the very frame its detection was made on. Frames stamped more than
+    comes from the very frame its detection was made on. ``autonomy_state``
+    (uq_msgs/AutonomyState): while the arbitration holds the hand-over because the
+    autonomy's target track is suspect (``suspect_hold``), that track is asked about at once
+    (``ask_before_hand_over``). Frames stamped more than
     ``max_future_stamp_s`` ahead of the node clock, images larger than the detector accepts
     and class names the label store would refuse are left out, counted in the diagnostics.
 Publishes
@@ -64,9 +67,9 @@ from uq_autonomy.arbitration.config import (
     UncertaintySignal,
     signal_problem,
 )
+from uq_autonomy.arbitration.frame_validity import future_stamp_problem
 from uq_autonomy.help.crops import box_in_region, crop_region, cut, encode_png
 from uq_autonomy.help.follow_up import FollowUpConfig, FollowUpTeacher
-from uq_autonomy.arbitration.frame_validity import future_stamp_problem
 from uq_autonomy.help.policy import (
     Candidate,
     HelpDecision,
@@ -98,7 +101,7 @@ from uq_common.node_main import node_argument_parser, run_node
 from uq_common.parameters import ParameterSpec, declare_parameters, first_invalid
 from uq_common.qos import HELP_REQUEST_QOS
 from uq_common.service_calls import ResendingCalls
-from uq_msgs.msg import DetectionArray, HelpRequest
+from uq_msgs.msg import AutonomyState, DetectionArray, HelpRequest
 from uq_msgs.srv import ProvideLabel, TeachObject
 
 NODE_NAME = 'ask_for_help_node'
@@ -231,6 +234,9 @@ PARAMETERS = POLICY_PARAMETERS + [
                   read_only=True),
     ParameterSpec('follow_up_interval_s', 1.0, 'Least time between two follow-up teachings '
                   'of one track.', min_value=0.0, max_value=3600.0, read_only=True),
+    ParameterSpec('ask_before_hand_over', True, 'Ask at once about the autonomy\'s target when '
+                  'the arbitration holds the level at guided because the target track is '
+                  'suspect (autonomy_state suspect_hold): "is this the ellipsoid?".'),
     ParameterSpec('web_enabled', True, 'Serve the labelling page.', read_only=True),
     ParameterSpec('web_host', '127.0.0.1', 'Address of the labelling page; anything but '
                   'loopback needs web_token.', read_only=True),
@@ -246,6 +252,10 @@ _SPECS = {spec.name: spec for spec in PARAMETERS}
 SENSOR_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=5,
                         reliability=ReliabilityPolicy.BEST_EFFORT,
                         durability=DurabilityPolicy.VOLATILE)
+# The arbitration latches its state; the latest one is what counts.
+AUTONOMY_STATE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
+                                reliability=ReliabilityPolicy.RELIABLE,
+                                durability=DurabilityPolicy.TRANSIENT_LOCAL)
 
 
 def policy_config(values: dict[str, Any]) -> HelpPolicyConfig:
@@ -378,6 +388,8 @@ class AskForHelpNode(Node):
         self.create_subscription(Image, 'image', self._on_image, SENSOR_QOS)
         self.create_subscription(DetectionArray, 'detections', self._on_detections,
                                  SENSOR_QOS)
+        self.create_subscription(AutonomyState, 'autonomy_state', self._on_autonomy_state,
+                                 AUTONOMY_STATE_QOS)
         self.create_service(ProvideLabel, 'provide_label', self._on_provide_label)
         # Its own group, so a slow detector answer never holds up the request path.
         self._teach_group = MutuallyExclusiveCallbackGroup()
@@ -567,6 +579,13 @@ class AskForHelpNode(Node):
                 if update_id is not None and obs.embedding is not None:
                     self._teach_follow_up(update_id, self._follow_up.label_of(obs.track_id),
                                           obs.embedding, msg.model_id)
+
+    def _on_autonomy_state(self, msg: AutonomyState) -> None:
+        if not (msg.suspect_hold and msg.suspect_track_id >= 0):
+            return
+        with self._lock:
+            if self._params['ask_before_hand_over']:
+                self._policy.ask_before_hand_over(msg.suspect_track_id)
 
     def _check_signal(self, model: ModelRange) -> None:
         """Report, once when it appears or changes, a signal the frame's model cannot give."""

@@ -182,7 +182,8 @@ class ArbiterConfig:
         suit the shipped model only (``docs/arbitration.md``).
     driving_detection : DrivingDetection or str
         How the driving detection is chosen in a frame; ``autonomy_target`` follows the
-        track the autonomy announces (:meth:`uq_autonomy.arbitration.arbiter.Arbiter.autonomy_target`).
+        track the autonomy announces
+        (:meth:`uq_autonomy.arbitration.arbiter.Arbiter.autonomy_target`).
     target_class : str
         Class name for ``target_class`` selection.
     target_track_id : int
@@ -196,7 +197,8 @@ class ArbiterConfig:
         Longest gap between valid perception messages before the fail-safe.
     resume_window_s : float
         Longest perception outage after which the level held before it may be restored
-        without climbing again (``uq_autonomy.arbitration.arbiter``, "Restore after an outage"); 0: never,
+        without climbing again (``uq_autonomy.arbitration.arbiter``, "Restore after an
+        outage"); 0: never,
         the climb always starts again from teleoperation.
     resume_confirm_s : float
         How long the returning perception must confirm the level held before the outage

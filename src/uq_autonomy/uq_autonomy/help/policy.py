@@ -30,6 +30,13 @@ No repeated questions:
 
 When several tracks qualify in one frame, the most uncertain is asked about first.
 
+A question before the hand-over: when the arbitration holds the level at guided because the
+autonomy's target track is suspect (``AutonomyState.suspect_hold``), :meth:`HelpPolicy.
+ask_before_hand_over` marks the track, and its next frame raises a request at once ("is this
+the ellipsoid?"), ahead of the evidence rule and of the budget, since the hand-over waits for
+the answer. A track already asked about, or matched to an object asked about or labelled, is
+not asked again.
+
 Time going backwards by more than ``time_jump_tolerance_s`` (a bag looping, a simulator
 reset) resets everything that is tied to the clock or to track ids (tracks, budget, cooldown,
 the boxes of the IoU fallback), and the policy's clock restarts at the new stamp, so one
@@ -74,6 +81,7 @@ class Trigger(StrEnum):
 
     UNCERTAINTY = 'uncertainty'
     OUT_OF_DISTRIBUTION = 'out_of_distribution'
+    SUSPECT_TARGET = 'suspect_target'  # the autonomy's target is suspect; asked before hand-over
 
 
 class Suppression(StrEnum):
@@ -394,6 +402,7 @@ class HelpPolicy:
         self._objects: OrderedDict[str, _KnownObject] = OrderedDict()  # least recent first
         self._asked_tracks: OrderedDict[int, str] = OrderedDict()  # track id -> object key
         self._issued: deque[float] = deque()  # stamps of requests in the last hour
+        self._hand_over: OrderedDict[int, None] = OrderedDict()  # tracks to ask about now
         self._last_stamp: float | None = None
         self._known_counter = 0
         self.counters: Counter[str] = Counter()
@@ -448,6 +457,7 @@ class HelpPolicy:
         self._forget(now)
 
         qualified: list[tuple[float, _Track, TrackObservation, Trigger]] = []
+        hand_over: list[tuple[_Track, TrackObservation]] = []
         seen: set[int] = set()
         threshold = cfg.threshold
         for det in detections:
@@ -470,14 +480,27 @@ class HelpPolicy:
             track.values.append(value)
             track.embeddings.append(_unit(det.embedding))
             track.last = det
+            asked_before_hand_over = track_id in self._hand_over
+            self._hand_over.pop(track_id, None)
             if track.object_key is not None:
                 self._refresh_object(track.object_key, det, now)
+                continue
+            if asked_before_hand_over:
+                hand_over.append((track, det))
                 continue
             trigger = self._trigger(track)
             if trigger is not None:
                 qualified.append((value, track, det, trigger))
 
         decisions: list[HelpDecision] = []
+        for track, det in hand_over:
+            match = self._match_object(track, det, now)
+            if match is not None:
+                key, how = match
+                self._bind(track, key, det, now)
+                self.counters[how] += 1
+                continue
+            decisions.append(self._raise(track, det, Trigger.SUSPECT_TARGET, now, stamp))
         # The most uncertain first: if the budget allows only one, it goes to the worst case.
         for _value, track, det, trigger in sorted(qualified, key=lambda q: -q[0]):
             match = self._match_object(track, det, now)
@@ -492,6 +515,16 @@ class HelpPolicy:
                 continue
             decisions.append(self._raise(track, det, trigger, now, stamp))
         return decisions
+
+    def ask_before_hand_over(self, track_id: int) -> None:
+        """Ask about ``track_id`` on its next frame: the arbitration holds the hand-over to
+        the autonomy because this target track is suspect (see the module docstring)."""
+        track_id = int(track_id)
+        if track_id < 0:
+            return
+        self._hand_over[track_id] = None
+        self._hand_over.move_to_end(track_id)
+        self._trim(self._hand_over, self._config.max_tracks)
 
     # -- answers and bookkeeping from the node -------------------------------------------
 
@@ -580,6 +613,7 @@ class HelpPolicy:
         self._last_stamp = None
         self._tracks.clear()
         self._asked_tracks.clear()  # a tracker restarted with the clock reuses its ids
+        self._hand_over.clear()
         self._issued.clear()
         for obj in self._objects.values():
             obj.box = None
@@ -705,7 +739,13 @@ class HelpPolicy:
         else:
             signal_text = (f'calibrated score {value:.3f} above {cfg.threshold:.3f} (more '
                            f'uncertain than {100 * value:.1f} % of the known objects)')
-        if trigger == Trigger.UNCERTAINTY:
+        if trigger == Trigger.SUSPECT_TARGET:
+            name = det.class_name or 'target'
+            text = (f'Is this the {name}? Suspect target before hand-over: it looked '
+                    'unfamiliar over its views, and the robot waits for your answer before it '
+                    f'takes over ({cfg.signal.value.replace("_", " ")} now '
+                    f'{_fmt(det.signal(cfg.signal))})')
+        elif trigger == Trigger.UNCERTAINTY:
             text = (f"I don't know what this object is: {signal_text} "
                     f'in {frames_above} of the last {frames} frames')
             if ood_frames:
