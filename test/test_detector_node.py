@@ -70,6 +70,10 @@ def model_files(tmp_path_factory):
     gp.fit(features, labels)
     gp.calibrate_ood(features)
     gp.save(directory / 'detector_gp.npz')
+    # The same GP with a calibrated-score reference, so detections get scores and tracks
+    # their evidence.
+    gp.calibrate_score(features, 'test')
+    gp.save(directory / 'scored_gp.npz')
     return directory
 
 
@@ -261,6 +265,8 @@ def test_rendered_frame_in_detection_array_out_with_image_stamp(harness):
         assert np.all(np.isfinite(values)) and u.gp_variance >= 0
         assert abs(sum(det.class_probabilities) - 1.0) < 1e-4
         assert 0 <= det.center_x <= WIDTH and 0 <= det.center_y <= HEIGHT
+        # This GP has no score reference: no calibrated score, so no track evidence either.
+        assert (u.calibrated_score, u.track_score, u.track_views) == (-1.0, -1.0, 0)
 
     def latency_split_reported() -> bool:
         values = {kv.key: float(kv.value) for d in harness.diagnostics[-1:]
@@ -445,6 +451,57 @@ def test_duplicate_suppression_follows_its_parameters_at_runtime(ros_context, mo
     finally:
         h.close()
         detector.destroy_node()
+
+
+def test_detections_carry_their_tracks_evidence_and_a_label_restarts_it(running,
+                                                                        model_files):
+    h = running(gp_path=str(model_files / 'scored_gp.npz'), persist_learnt_state=False)
+    _activate(h)
+    rgb = _rendered_frame()
+
+    def frame() -> DetectionArray:
+        msg = h.image(**rgb_to_image_fields(rgb))
+        assert h.send_until_answered(h.reliable, msg)
+        return next(d for d in h.detections if d.header.stamp == msg.header.stamp)
+
+    first = frame()
+    assert first.detections, 'the test model found nothing in the frame'
+    for _ in range(2):
+        out = frame()
+        # The frame-level uncertainty is no track's.
+        assert (out.uncertainty.track_score, out.uncertainty.track_views) == (-1.0, 0)
+        for det, before in zip(out.detections, first.detections, strict=True):
+            u = det.uncertainty
+            assert 0.0 <= u.calibrated_score <= 1.0 and det.track_id == before.track_id
+            # The camera did not move: one view per object, its score the first frame's.
+            assert (u.track_score, u.track_views, u.track_labelled) == (
+                before.uncertainty.calibrated_score, 1, False)
+
+    taught = out.detections[0]
+    answer = h.call(h.teach, TeachObject.Request(
+        request_id='r-track', label='teapot', embedding=taught.embedding, model_id=MODEL_ID))
+    assert answer.accepted, answer.message
+    out = frame()
+    for det in out.detections:
+        u = det.uncertainty
+        assert 0.0 <= u.track_score <= 1.0 and u.track_views == 1
+        # The labelled object's evidence restarted from this frame's score.
+        assert u.track_labelled == (det.track_id == taught.track_id)
+        if u.track_labelled:
+            assert u.track_score == u.calibrated_score
+
+    # Its settings are validated at runtime like every parameter, and applied.
+    detector = h.executor.get_nodes()[0]
+    future = h.params.set_parameters([Parameter('track_max_views', value=0)])
+    assert h.wait_for(future.done)
+    [bad] = future.result().results
+    assert not bad.successful and 'track_max_views' in bad.reason
+    future = h.params.set_parameters([Parameter('track_reform_cosine', value=0.9),
+                                      Parameter('track_memory_s', value=1.5)])
+    assert h.wait_for(future.done)
+    assert all(r.successful for r in future.result().results)
+    config = detector._perception.evidence.config
+    assert (config.reform_cosine, config.memory_s, config.max_views) == (0.9, 1.5, 64)
 
 
 def test_corrupt_model_file_fails_configure_and_node_keeps_running(ros_context, tmp_path):

@@ -140,10 +140,12 @@ def test_detections_2d_is_the_frame_of_detections_field_by_field(running: Client
             zip(classes, mine.class_probabilities, strict=True))
         scores = [score for _, score in hypotheses[:len(classes)]]
         assert scores == sorted(scores, reverse=True)
-        # ... then the calibrated score (the shipped model has a score reference) and the
-        # OOD flag.
+        # ... then the calibrated score (the shipped model has a score reference), the track
+        # score (a scored detection's track has at least one view) and the OOD flag.
+        assert mine.uncertainty.track_views >= 1
         assert hypotheses[len(classes):] == [
             ('uq/calibrated_score', mine.uncertainty.calibrated_score),
+            ('uq/track_score', mine.uncertainty.track_score),
             ('uq/out_of_distribution', 1.0 if mine.uncertainty.out_of_distribution else 0.0)]
         for result in det.results:
             position = result.pose.pose.position

@@ -10,6 +10,7 @@ from uq_perception.detectors.detection_2d import (
     COVARIANCE_SLOTS,
     OUT_OF_DISTRIBUTION_ID,
     RESERVED_PREFIX,
+    TRACK_SCORE_ID,
     detection_2d_fields,
 )
 
@@ -80,6 +81,19 @@ def test_reserved_hypotheses_carry_the_calibrated_score_and_the_ood_flag():
         assert reserved[1].score == (1.0 if i % 2 else 0.0)
 
 
+def test_the_track_score_follows_the_calibrated_score_where_the_track_has_one():
+    arrays = _arrays(3) | {'track_scores': np.array([0.25, -1.0, 0.75])}
+    fields = detection_2d_fields(**arrays)
+    for i in (0, 2):
+        reserved = fields[i].results[len(CLASSES):]
+        assert [h.class_id for h in reserved] == [CALIBRATED_SCORE_ID, TRACK_SCORE_ID,
+                                                  OUT_OF_DISTRIBUTION_ID]
+        assert reserved[1].score == float(np.float32(arrays['track_scores'][i]))
+    assert TRACK_SCORE_ID not in [h.class_id for h in fields[1].results]
+    with pytest.raises(ValueError, match='track_scores'):
+        detection_2d_fields(**(arrays | {'track_scores': np.array([0.5])}))
+
+
 def test_an_absent_calibrated_score_has_no_hypothesis():
     arrays = _arrays(2)
     without_reference = detection_2d_fields(**(arrays | {'calibrated_scores': None}))
@@ -92,6 +106,22 @@ def test_an_absent_calibrated_score_has_no_hypothesis():
 def test_an_untracked_detection_has_an_empty_id():
     [values] = detection_2d_fields(**(_arrays(1) | {'track_ids': np.array([-1])}))
     assert values.id == ''
+
+
+@pytest.mark.parametrize('dtype', [np.int32, np.int64])
+def test_every_track_id_from_zero_up_is_the_id_and_only_untracked_is_empty(dtype):
+    # Track ids start at 0: the first track must not look untracked ('' is -1 alone). The
+    # boundary 0/-1, small ids and the largest id the dtype holds, in one frame.
+    tracks = np.array([0, -1, 1, 2, 9, 10, 12345, np.iinfo(dtype).max, -1, 0], dtype=dtype)
+    fields = detection_2d_fields(**(_arrays(len(tracks)) | {'track_ids': tracks}))
+    for values, track in zip(fields, tracks.tolist(), strict=True):
+        if track == -1:
+            assert values.id == '', track
+        else:
+            # The id reads back as the track id: decimal text, no sign, no padding.
+            assert values.id == str(track) and int(values.id) == track, track
+    # Two detections of one track share its id; the untracked ones share ''.
+    assert fields[0].id == fields[-1].id == '0' and fields[1].id == fields[-2].id == ''
 
 
 def test_no_detections_give_no_fields():

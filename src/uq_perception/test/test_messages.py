@@ -10,6 +10,7 @@ from uq_perception.detectors.centernet import Detections
 from uq_perception.messages import DetectionArrayBuilder, detection_array_message
 from uq_perception.ntk import UncertaintyOutput
 from uq_perception.perception import FrameResult
+from uq_perception.track_evidence import TrackScores
 
 CLASSES = ['box', 'sphere', 'mug']
 
@@ -31,6 +32,21 @@ def _frame(count: int) -> FrameResult:
         logits=uncertainty.logits.astype(np.float32))
     return FrameResult(detections, uncertainty, np.arange(10, 10 + count), CLASSES, 12.5,
                        11.0, rng.uniform(0.5, 4.0, (count, 4)).astype(np.float32))
+
+
+def _with_evidence(frame: FrameResult) -> FrameResult:
+    """``frame`` with track evidence: every other detection's track without a counted view."""
+    import dataclasses
+
+    count = len(frame)
+    views = np.where(np.arange(count) % 2 == 0, np.arange(1, count + 1), 0)
+    classes = frame.uncertainty.probabilities.argmax(axis=1)
+    # Detection 0 labelled with the class it has, detection 3 with another one.
+    labels = tuple(frame.class_names[classes[i]] if i == 0 else 'another class' if i == 3
+                   else '' for i in range(count))
+    return dataclasses.replace(frame, track_scores=TrackScores(
+        np.where(views > 0, np.linspace(0.2, 0.9, count), -1.0), views,
+        np.array([label != '' for label in labels]), labels))
 
 
 def test_every_detection_field_comes_from_its_row():
@@ -61,11 +77,38 @@ def test_every_detection_field_comes_from_its_row():
         assert u.expert_id == i
 
 
+def test_track_evidence_is_each_detections_and_not_the_frames():
+    frame = _with_evidence(_frame(4))
+    out = detection_array_message(frame, Header(), 'pytorch-cpu', 'm')
+    evidence = frame.track_scores
+    for i, det in enumerate(out.detections):
+        u = det.uncertainty
+        assert u.track_score == pytest.approx(evidence.score[i])
+        assert u.track_views == evidence.views[i]
+        # Labelled vouches only for a label that is the detection's class now.
+        assert u.track_labelled == (i == 0), i
+    assert out.detections[1].uncertainty.track_score == -1.0
+    # The frame-level uncertainty is no track's, whichever detection it copies.
+    frame_level = out.uncertainty
+    assert (frame_level.track_score, frame_level.track_views, frame_level.track_labelled) == (
+        -1.0, 0, False)
+    # A pipeline that keeps no evidence gives every detection none.
+    for det in detection_array_message(_frame(3), Header(), 'pytorch-cpu', 'm').detections:
+        assert (det.uncertainty.track_score, det.uncertainty.track_views,
+                det.uncertainty.track_labelled) == (-1.0, 0, False)
+
+
 def test_frame_uncertainty_is_the_most_uncertain_detection():
     frame = _frame(5)
     out = detection_array_message(frame, Header(), 'pytorch-cpu', 'm')
     worst = int(np.argmax(frame.uncertainty.gp_variance))
     assert out.uncertainty == out.detections[worst].uncertainty
+    # With track evidence, everything but the track fields.
+    out = detection_array_message(_with_evidence(frame), Header(), 'pytorch-cpu', 'm')
+    worst_fields = out.detections[worst].uncertainty
+    for name in out.uncertainty.get_fields_and_field_types():
+        if not name.startswith('track_'):
+            assert getattr(out.uncertainty, name) == getattr(worst_fields, name), name
     # A copy, not the detection's own message: editing one must not change the other.
     assert out.uncertainty is not out.detections[worst].uncertainty
 
@@ -77,11 +120,12 @@ def test_no_detections_gives_an_empty_array_and_no_expert():
 
 
 def test_builder_reusing_messages_matches_fresh_messages_frame_after_frame():
-    # More detections, fewer, none, then some again: nothing of an earlier frame may remain.
+    # More detections, fewer, none, then some again, with track evidence or without: nothing
+    # of an earlier frame may remain.
     builder = DetectionArrayBuilder()
     header = Header(frame_id='camera')
-    for count in (4, 2, 0, 3):
-        frame = _frame(count)
+    for count, evidence in ((4, True), (2, False), (0, True), (3, True), (5, False)):
+        frame = _with_evidence(_frame(count)) if evidence else _frame(count)
         header.stamp.sec = count
         built = builder.build(frame, header, 'pytorch-cpu', 'model-x')
         assert built == detection_array_message(frame, header, 'pytorch-cpu', 'model-x')
@@ -95,7 +139,7 @@ def test_detection_2d_array_is_the_same_frame_as_the_detection_array():
 
     from uq_perception.messages import detection_2d_array_message
 
-    frame = _frame(4)
+    frame = _with_evidence(_frame(4))  # detections 1 and 3 without a track score
     scores = np.array([0.1, -1.0, 0.9, 0.5])  # one detection without a calibrated score
     frame = dataclasses.replace(frame, uncertainty=dataclasses.replace(
         frame.uncertainty, calibrated_score=scores))
@@ -119,12 +163,11 @@ def test_detection_2d_array_is_the_same_frame_as_the_detection_array():
                     for r in det.results[len(CLASSES):]}
         assert reserved.pop('uq/out_of_distribution') == \
             float(mine.uncertainty.out_of_distribution)
-        if mine.uncertainty.calibrated_score < 0:
-            assert reserved == {}
-        else:
-            # float32, as the uq message carries it once serialised.
-            assert reserved == {
-                'uq/calibrated_score': float(np.float32(mine.uncertainty.calibrated_score))}
+        # float32, as the uq message carries them once serialised; absent scores left out.
+        expected = {name: float(np.float32(value)) for name, value in (
+            ('uq/calibrated_score', mine.uncertainty.calibrated_score),
+            ('uq/track_score', mine.uncertainty.track_score)) if value >= 0}
+        assert reserved == expected
         for result in det.results:
             pose = result.pose.pose
             assert (pose.position.x, pose.position.y, pose.position.z) == (

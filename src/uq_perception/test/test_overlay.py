@@ -33,6 +33,7 @@ from uq_perception.overlay import (
     render_overlay,
 )
 from uq_perception.perception import FrameResult
+from uq_perception.track_evidence import TrackScores
 
 CLASSES = ['mug', 'ellipsoid', 'sphere', 'cylinder', 'a class with a long name']
 SIZES = [(60, 80), (240, 320), (480, 640), (720, 1280), (1080, 1920)]
@@ -191,6 +192,22 @@ def test_labels_show_the_calibrated_score_where_the_model_has_one():
                                                calibrated_score=np.array([0.5])))
     image = np.zeros((240, 320, 3), np.uint8)
     _check(layout_labels(image.shape, short, 5e-4), image, render_overlay(image, short,
+                                                                          5e-4)[0])
+
+
+def test_labels_show_the_track_score_where_the_track_has_one():
+    boxes = np.array([[60, 60, 40, 40], [200, 60, 40, 40], [60, 180, 40, 40]], np.float64)
+    frame = _frame(boxes, np.full(3, 1e-4), np.zeros(3, bool), np.array([0, 1, 2]))
+    frame = replace(frame, uncertainty=replace(frame.uncertainty,
+                                               calibrated_score=np.array([0.97, 0.5, 0.1])),
+                    track_scores=TrackScores(np.array([0.83, -1.0, np.nan]),
+                                             np.array([4, 0, 1]), np.zeros(3, bool)))
+    texts = {label.detection: label.text for label in
+             layout_labels((240, 320, 3), frame, 5e-4).labels}
+    assert texts[0].endswith(' q=0.97 trk=0.83')
+    assert texts[1].endswith(' q=0.50') and texts[2].endswith(' q=0.10')
+    image = np.zeros((240, 320, 3), np.uint8)
+    _check(layout_labels(image.shape, frame, 5e-4), image, render_overlay(image, frame,
                                                                           5e-4)[0])
 
 

@@ -23,10 +23,10 @@ Topics (relative names, remap as usual):
 - ``detections`` (uq_msgs/DetectionArray, out): stamped with the image's stamp.
 - ``detections_2d`` (vision_msgs/Detection2DArray, out): the same detections, in the same
   order and with the same header, as the ecosystem's standard 2D detections (class
-  probabilities, box covariance, track id, calibrated score and OOD flag by the convention
-  of docs/detector_contract.md); built only while someone subscribes. Where vision_msgs is
-  not installed, or with ``publish_vision_msgs: false``, it does not exist and the node
-  says so in one line at start.
+  probabilities, box covariance, track id, calibrated score, track score and OOD flag by the
+  convention of docs/detector_contract.md); built only while someone subscribes. Where
+  vision_msgs is not installed, or with ``publish_vision_msgs: false``, it does not exist
+  and the node says so in one line at start.
 - ``overlay`` (sensor_msgs/Image, out): boxes coloured by uncertainty (only rendered
   while someone subscribes).
 - ``markers`` (visualization_msgs/MarkerArray, out).
@@ -43,6 +43,12 @@ Topics (relative names, remap as usual):
   score's reference (``score_reference``: split, objects, largest variance). A learnt state
   that could not be used (moved aside, ``uq_perception/teaching.py``) keeps the level at
   WARN until the next configure.
+
+Each detection carries its track's evidence (``Uncertainty.track_score``, ``track_views``,
+``track_labelled``): its calibrated score pooled over the object's views by
+:class:`uq_perception.track_evidence.TrackEvidence`, on the images' stamps, with the
+``track_*`` parameters. A label taught through ``teach_object`` restarts the evidence of the
+track whose embedding is closest to the labelled one.
 
 Labels taught through ``teach_object`` persist by default: the GP state is saved after
 every label to ``learned_gp_path``, by default ``$ROS_HOME/uq/learned/<model id>.npz``
@@ -128,13 +134,14 @@ from uq_perception.runtime.onnx_adapter import (
     ScoreActivation,
 )
 from uq_perception.runtime.onnx_runtime import MAX_THREADS, ExecutionProvider
+from uq_perception.track_evidence import TrackEvidenceConfig
 
 NODE_NAME = 'detector_node'
 #: The stages of a frame, timed in the node, in order (diagnostics ``stage_<name>_p50_ms`` and
 #: ``_p99_ms``): DDS from the publisher's source stamp to this node taking the image;
 #: taking and converting it to RGB; resizing and normalising it; the network (and its
-#: decode); the GP's summaries and box deviations; duplicate suppression and tracking;
-#: building the DetectionArray; publishing it.
+#: decode); the GP's summaries and box deviations; duplicate suppression, tracking and the
+#: tracks' evidence; building the DetectionArray; publishing it.
 FRAME_STAGES = ('transport', 'receive_convert', 'resize_normalise', 'forward', 'gp',
                 'duplicates_tracking', 'message', 'publish')
 _INPUT_SIZE_RULE = 'onnx_input_width and onnx_input_height: both 0 or both set'
@@ -247,6 +254,24 @@ PARAMETERS = [
                   min_value=1, max_value=100),
     ParameterSpec('tracking_iou', 0.3, 'Minimum IoU to continue an object track.',
                   min_value=0.01, max_value=1.0),
+    ParameterSpec('track_view_change', 0.1,
+                  'A frame is a new view of its track (counted in Uncertainty.track_score) '
+                  'when its box moved by this share of the last counted view\'s diagonal, or '
+                  'its area changed by this much in log ratio (uq_perception/track_evidence.py).',
+                  min_value=0.001, max_value=10.0),
+    ParameterSpec('track_max_views', 64,
+                  'Most recent views of a track whose calibrated scores track_score averages.',
+                  min_value=1, max_value=10_000),
+    ParameterSpec('track_memory_s', 3.0,
+                  'Seconds (of image stamps) a lost track\'s evidence is kept for a new track '
+                  'of the same object to take over.', min_value=0.0, max_value=600.0),
+    ParameterSpec('track_reform_iou', 0.3,
+                  'Minimum IoU of a new track\'s first box with a lost track\'s last box to '
+                  'take over its evidence.', min_value=0.01, max_value=1.0),
+    ParameterSpec('track_reform_cosine', 0.8,
+                  'Minimum cosine similarity of their embeddings to take over the evidence; '
+                  'also what a label taught through teach_object needs to restart a track\'s.',
+                  min_value=0.01, max_value=1.0),
     ParameterSpec('suppress_duplicates', True,
                   'Drop duplicate boxes of one object, across classes '
                   '(uq_perception/duplicate_suppression.py): a weaker box overlapping a '
@@ -325,6 +350,14 @@ def _duplicates(params: dict[str, Any]) -> DuplicateSuppression | None:
         return None
     return DuplicateSuppression(params['duplicate_iou'], params['duplicate_containment'],
                                 params['duplicate_score_ratio'])
+
+
+def _evidence_config(params: dict[str, Any]) -> TrackEvidenceConfig:
+    """The track evidence settings the parameters ask for."""
+    return TrackEvidenceConfig(
+        view_change=params['track_view_change'], max_views=params['track_max_views'],
+        memory_s=params['track_memory_s'], reform_iou=params['track_reform_iou'],
+        reform_cosine=params['track_reform_cosine'])
 
 
 class ImageInputThread:
@@ -558,6 +591,7 @@ class DetectorNode(LifecycleNode):
         from uq_perception.runtime.loading import load_model, start_detector
         from uq_perception.runtime.memory_tuning import retain_freed_memory
         from uq_perception.teaching import load_learnt_state
+        from uq_perception.track_evidence import TrackEvidence
         from uq_perception.tracking import IoUTracker
 
         p = self._params
@@ -593,7 +627,8 @@ class DetectorNode(LifecycleNode):
         self._learnt_state_problem = learnt.problem
         self._learnt_state_source = learnt.source
         return UncertaintyPerception(backend, gp, p['score_threshold'], p['max_detections'],
-                                     IoUTracker(p['tracking_iou']), _duplicates(p))
+                                     IoUTracker(p['tracking_iou']), _duplicates(p),
+                                     TrackEvidence(_evidence_config(p)))
 
     def _learned_gp_path(self, model_id: str) -> Path | None:
         from uq_perception.teaching import default_learnt_state_path
@@ -612,10 +647,17 @@ class DetectorNode(LifecycleNode):
         if perception is None:
             result_accepted, message, index = False, 'the detector is not configured', -1
         else:
+            # A request applied before (a retry) must not wipe the evidence gathered since.
+            repeated = request.request_id in perception.gp.applied_updates
             result = teach(perception.gp, request.request_id, request.label,
                            request.embedding, request.model_id, self._learnt_save_path,
                            self._params['label_trust'])
             result_accepted, message, index = result.accepted, result.message, result.class_index
+            if result_accepted and not repeated:
+                track = perception.evidence.label(request.embedding, request.label)
+                if track is not None:
+                    self.get_logger().info(f'request {request.request_id}: the evidence of '
+                                           f'track {track} restarts from its labelled views')
         # rclpy ties a severity to each logging call site, hence two calls.
         if result_accepted:
             self.get_logger().info(message)
@@ -637,6 +679,7 @@ class DetectorNode(LifecycleNode):
             self._perception.score_threshold = self._params['score_threshold']
             self._perception.max_detections = self._params['max_detections']
             self._perception.tracker.iou_threshold = self._params['tracking_iou']
+            self._perception.evidence.config = _evidence_config(self._params)
             self._perception.duplicates = _duplicates(self._params)
         return SetParametersResult(successful=True)
 
@@ -700,7 +743,7 @@ class DetectorNode(LifecycleNode):
         self._check_size(msg)
         converted_ns = time.time_ns()
         try:
-            frame = self._perception.process(rgb)
+            frame = self._perception.process(rgb, msg.stamp_sec + msg.stamp_nanosec * 1e-9)
         except (ValueError, RuntimeError) as exc:
             self._stats.increment('errors')
             self._last_problem = f'inference failed: {exc}'

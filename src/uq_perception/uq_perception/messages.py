@@ -23,6 +23,7 @@ from uq_perception.detectors.detection_2d import detection_2d_fields
 from uq_perception.ntk.calibrated_score import NO_CALIBRATED_SCORE
 from uq_perception.overlay import uncertainty_colour
 from uq_perception.perception import FrameResult
+from uq_perception.track_evidence import NO_TRACK_SCORE
 
 # vision_msgs is optional (a robot has it from rosdep; ROS 2 from PyPI lacks it, see
 # scripts/build_vision_msgs.sh): without it, VISION_MSGS_MISSING says why.
@@ -64,10 +65,11 @@ def detection_array_message(frame: FrameResult, header: Header, backend: str,
 
     The frame-level ``uncertainty`` is that of the most uncertain detection (largest GP
     variance), the one a cautious consumer should act on; zeros when nothing is detected
-    (its ``calibrated_score`` -1 when the model has no score reference). The model's range,
-    ``reference_variance_max`` and ``ood_threshold``, comes from ``frame`` (-1 where the
-    model has none). With ``embeddings`` each detection carries its feature vector (for
-    online teaching).
+    (its ``calibrated_score`` -1 when the model has no score reference). Its track fields
+    are those of no track (``track_score`` -1, ``track_views`` 0): the evidence is each
+    detection's. The model's range, ``reference_variance_max`` and ``ood_threshold``, comes
+    from ``frame`` (-1 where the model has none). With ``embeddings`` each detection
+    carries its feature vector (for online teaching).
     """
     return _fill_detection_array(DetectionArray(), [Detection() for _ in range(len(frame))],
                                  frame, header, backend, model_id, embeddings)
@@ -129,6 +131,18 @@ def _fill_detection_array(out: DetectionArray, detections: list[Detection],
     embedding_rows = ([array.array('f', row.tobytes())
                        for row in np.asarray(frame.detections.embeddings, np.float32)]
                       if embeddings else [array.array('f')] * len(detections))
+    evidence = frame.track_scores
+    if evidence is None:
+        track_rows = [(NO_TRACK_SCORE, 0, False)] * len(detections)
+    else:
+        # Labelled counts for the consumer only when the person's label is the class the
+        # detection now has: a label the detector has not taken (or a retargeted object)
+        # must not vouch for what it still calls something else.
+        track_rows = [(score, views, labelled and label == frame.class_names[classes[i]])
+                      for i, (score, views, labelled, label) in enumerate(zip(
+                          evidence.score.tolist(), evidence.views.tolist(),
+                          evidence.labelled.tolist(),
+                          evidence.labels or ('',) * len(detections), strict=True))]
     for i, detection in enumerate(detections):
         detection.class_id = frame.class_names[classes[i]]
         detection.class_index = classes[i]
@@ -139,6 +153,8 @@ def _fill_detection_array(out: DetectionArray, detections: list[Detection],
         detection.track_id = track_ids[i]
         detection.embedding = embedding_rows[i]
         _set_fields(detection.uncertainty, uncertainties[i])
+        (detection.uncertainty.track_score, detection.uncertainty.track_views,
+         detection.uncertainty.track_labelled) = track_rows[i]
     out.detections = detections
     worst = frame.most_uncertain()
     if worst is None:
@@ -148,6 +164,8 @@ def _fill_detection_array(out: DetectionArray, detections: list[Detection],
             NO_CALIBRATED_SCORE if frame.reference_variance_max is None else 0.0
     else:
         _set_fields(out.uncertainty, uncertainties[worst])
+    out.uncertainty.track_score, out.uncertainty.track_views = NO_TRACK_SCORE, 0
+    out.uncertainty.track_labelled = False
     return out
 
 
@@ -220,9 +238,10 @@ class Detection2DArrayBuilder:
 
     def build(self, frame: FrameResult, header: Header) -> Any:
         unc = frame.uncertainty
-        fields = detection_2d_fields(frame.detections.boxes, frame.box_std, unc.probabilities,
-                                     frame.class_names, frame.track_ids,
-                                     unc.out_of_distribution, unc.calibrated_score)
+        fields = detection_2d_fields(
+            frame.detections.boxes, frame.box_std, unc.probabilities, frame.class_names,
+            frame.track_ids, unc.out_of_distribution, unc.calibrated_score,
+            None if frame.track_scores is None else frame.track_scores.score)
         while len(self._detections) < len(fields):
             self._detections.append(Detection2D())
             self._results.append([])

@@ -4,10 +4,12 @@ Colour runs from green (GP variance near zero) through yellow to red (at or abov
 threshold), so an operator sees at a glance which objects the robot does not know. Each
 label shows the class, its probability, the GP standard deviation ``s`` and, where the model
 has a score reference, the calibrated score ``q`` (the share of known validation objects
-less uncertain than this one: the same scale for every model); detections flagged
-out-of-distribution are drawn with a thicker box and an "OOD" tag. A translucent
-band around each box spans its edges moved in and out by one standard deviation (from the
-box coordinates' ``box_std``): a wide band is a box whose extent the robot is unsure of.
+less uncertain than this one: the same scale for every model) and, where its track has
+evidence, the track score ``trk`` (the mean of ``q`` over the object's views so far, which
+a single odd view moves less); detections flagged out-of-distribution are drawn with a
+thicker box and an "OOD" tag. A translucent band around each box spans its edges moved in
+and out by one standard deviation (from the box coordinates' ``box_std``): a wide band is a
+box whose extent the robot is unsure of.
 
 Labels are meant to be read on any camera size: the font is sized for the image
 (:func:`label_style`), each label is drawn once, on an opaque box of its uncertainty colour,
@@ -252,20 +254,23 @@ def _label_text(frame: FrameResult, i: int) -> str:
     ood = 'OOD ' if bool(unc.out_of_distribution[i]) else ''
     text = (f'{ood}{_shown_name(frame.class_names[cls])} {unc.probabilities[i, cls]:.2f} '
             f's={math.sqrt(float(unc.gp_variance[i])):.2f}')
-    score = _calibrated_score(frame, i)
-    return text if score is None else f'{text} q={score:.2f}'
+    score = _score(frame.uncertainty.calibrated_score, i)
+    if score is not None:
+        text = f'{text} q={score:.2f}'
+    track = _score(None if frame.track_scores is None else frame.track_scores.score, i)
+    return text if track is None else f'{text} trk={track:.2f}'
 
 
-def _calibrated_score(frame: FrameResult, i: int) -> float | None:
-    """Detection ``i``'s calibrated score; None without a score reference, or for a row the
-    scores lack or that is not a score in [0, 1]."""
-    if frame.uncertainty.calibrated_score is None:
+def _score(scores: object, i: int) -> float | None:
+    """Detection ``i``'s score of ``scores`` (calibrated or track); None without scores,
+    or for a row they lack or that is not a score in [0, 1]."""
+    if scores is None:
         return None
     try:
-        scores = np.asarray(frame.uncertainty.calibrated_score, dtype=np.float64).reshape(-1)
+        values = np.asarray(scores, dtype=np.float64).reshape(-1)
     except (TypeError, ValueError):
         return None
-    score = float(scores[i]) if i < len(scores) else math.nan
+    score = float(values[i]) if i < len(values) else math.nan
     return score if 0.0 <= score <= 1.0 else None
 
 

@@ -2,8 +2,10 @@
 
 One call per camera frame: the backend detects, the GP attaches to each detection's
 embedding and logits (and, through its box calibration, a standard deviation to each box
-coordinate), the tracker assigns ids. Where the backend computed each detection's GP
-variance with the network (the CUDA graph), the GP reads it instead of querying again.
+coordinate), the tracker assigns ids, and each track's evidence pools its calibrated scores
+over the object's views (:mod:`uq_perception.track_evidence`). Where the backend computed
+each detection's GP variance with the network (the CUDA graph), the GP reads it instead of
+querying again.
 Each stage's time is kept in the frame's result, from cheap monotonic clock reads. The
 detector node adapts this to ROS; the benchmarks and evaluators use it directly, so what is
 measured is what the node runs.
@@ -21,6 +23,7 @@ from uq_perception.box_uncertainty import box_std, cell_size
 from uq_perception.detectors.contract import Detections, DetectorContract
 from uq_perception.duplicate_suppression import DuplicateSuppression
 from uq_perception.ntk import LastLayerNTKGP, UncertaintyOutput
+from uq_perception.track_evidence import TrackEvidence, TrackScores
 from uq_perception.tracking import IoUTracker
 
 
@@ -59,7 +62,10 @@ class FrameResult:
     gp_ms
         The GP's summaries and the box standard deviations.
     tracking_ms
-        Duplicate suppression and tracking.
+        Duplicate suppression, tracking and the tracks' evidence.
+    track_scores
+        Each detection's track evidence (mean calibrated score over its track's views);
+        ``None`` when the pipeline keeps none.
     """
 
     detections: Detections
@@ -74,6 +80,7 @@ class FrameResult:
     resize_ms: float = math.nan
     gp_ms: float = math.nan
     tracking_ms: float = math.nan
+    track_scores: TrackScores | None = None
 
     def __len__(self) -> int:
         return len(self.detections)
@@ -106,12 +113,16 @@ class UncertaintyPerception:
     duplicates
         Class-agnostic suppression of duplicate boxes of one object, applied to the
         detector's output before anything else sees it; ``None`` keeps every detection.
+    evidence
+        Pools each track's calibrated scores over its views (needs ``tracker`` and a stamp
+        per frame); ``None``: no track evidence.
     """
 
     def __init__(self, backend: DetectorContract, gp: LastLayerNTKGP,
                  score_threshold: float = 0.3, max_detections: int = 20,
                  tracker: IoUTracker | None = None,
-                 duplicates: DuplicateSuppression | None = _DEFAULT_DUPLICATES) -> None:
+                 duplicates: DuplicateSuppression | None = _DEFAULT_DUPLICATES,
+                 evidence: TrackEvidence | None = None) -> None:
         if backend.feature_dim != gp.feature_dim:
             raise ValueError(
                 f'detector feature dimension {backend.feature_dim} does not match '
@@ -123,9 +134,20 @@ class UncertaintyPerception:
         self.max_detections = max_detections
         self.tracker = tracker
         self.duplicates = duplicates
+        self.evidence = evidence
 
-    def process(self, image_rgb: np.ndarray) -> FrameResult:
-        """Run the pipeline on one ``(H, W, 3)`` uint8 RGB image."""
+    def process(self, image_rgb: np.ndarray, stamp: float | None = None) -> FrameResult:
+        """Run the pipeline on one ``(H, W, 3)`` uint8 RGB image taken at ``stamp``
+        (seconds, the image's stamp: the track evidence's clock).
+
+        Raises
+        ------
+        ValueError
+            When the pipeline keeps track evidence and ``stamp`` is missing, or an input is
+            invalid.
+        """
+        if self.evidence is not None and stamp is None:
+            raise ValueError('track evidence needs the stamp of each frame')
         start = time.perf_counter()
         detections = self.backend.infer(image_rgb, self.score_threshold, self.max_detections)
         forward_end = time.perf_counter()
@@ -148,6 +170,13 @@ class UncertaintyPerception:
             track_ids = self.tracker.update(detections.boxes)
         else:
             track_ids = np.full(len(detections), -1, dtype=np.int64)
+        track_scores = None
+        if self.evidence is not None and stamp is not None:
+            calibrated = uncertainty.calibrated_score
+            track_scores = self.evidence.update(
+                stamp, track_ids, uncertainty.probabilities.argmax(axis=1), detections.boxes,
+                np.full(len(detections), -1.0) if calibrated is None else calibrated,
+                detections.embeddings)
         reference = self.gp.score_reference
         end = time.perf_counter()
         return FrameResult(detections, uncertainty, track_ids, list(self.gp.class_names),
@@ -155,4 +184,4 @@ class UncertaintyPerception:
                            stds, None if reference is None else reference.maximum,
                            self.gp.ood_threshold, self.backend.preprocess_ms,
                            (gp_end - gp_start) * 1e3,
-                           (gp_start - forward_end + end - gp_end) * 1e3)
+                           (gp_start - forward_end + end - gp_end) * 1e3, track_scores)

@@ -11,7 +11,8 @@ in docs/detector_contract.md ("vision_msgs output") and summarised here:
   first (ties in class order), so ``results[0]`` is ``Detection.class_id``. After them come
   the reserved hypotheses, whose ``class_id`` starts with ``uq/`` and which are not classes:
   ``uq/calibrated_score`` (the calibrated score, left out when the model has no score
-  reference) and ``uq/out_of_distribution`` (score 1.0 when flagged, else 0.0).
+  reference), ``uq/track_score`` (the track's mean calibrated score over its views, left out
+  when it has none) and ``uq/out_of_distribution`` (score 1.0 when flagged, else 0.0).
 - Every hypothesis's pose is the box centre (``z`` 0, identity orientation) with the box's
   covariance: row-major 6x6 over ``x, y, z, rot x, rot y, rot z``; its first four diagonal
   entries hold the variances of ``center_x, center_y, width, height`` (``box_std ** 2``, in
@@ -31,6 +32,7 @@ import numpy as np
 #: Prefix of the hypotheses that are not classes.
 RESERVED_PREFIX = 'uq/'
 CALIBRATED_SCORE_ID = RESERVED_PREFIX + 'calibrated_score'
+TRACK_SCORE_ID = RESERVED_PREFIX + 'track_score'
 OUT_OF_DISTRIBUTION_ID = RESERVED_PREFIX + 'out_of_distribution'
 #: Indices in the row-major 6x6 pose covariance of the variances of ``center_x, center_y,
 #: width, height``: the diagonal entries of x, y, z and rot x.
@@ -68,7 +70,8 @@ class Detection2DFields:
 def detection_2d_fields(boxes: np.ndarray, box_std: np.ndarray, probabilities: np.ndarray,
                         class_names: list[str], track_ids: np.ndarray,
                         out_of_distribution: np.ndarray,
-                        calibrated_scores: np.ndarray | None = None
+                        calibrated_scores: np.ndarray | None = None,
+                        track_scores: np.ndarray | None = None
                         ) -> list[Detection2DFields]:
     """The ``Detection2D`` values of ``K`` detections, in their order.
 
@@ -90,6 +93,10 @@ def detection_2d_fields(boxes: np.ndarray, box_std: np.ndarray, probabilities: n
         ``(K,)`` calibrated scores in [0, 1], negative where absent; ``None`` when the
         model has no score reference. An absent score has no ``uq/calibrated_score``
         hypothesis.
+    track_scores
+        ``(K,)`` track scores (:mod:`uq_perception.track_evidence`) in [0, 1], negative
+        where a detection's track has none; ``None`` when no evidence is kept. An absent
+        score has no ``uq/track_score`` hypothesis.
 
     Raises
     ------
@@ -112,6 +119,9 @@ def detection_2d_fields(boxes: np.ndarray, box_std: np.ndarray, probabilities: n
     if calibrated_scores is not None:
         calibrated_scores = np.asarray(calibrated_scores, np.float32)
         shapes['calibrated_scores'] = (calibrated_scores.shape, (count,))
+    if track_scores is not None:
+        track_scores = np.asarray(track_scores, np.float32)
+        shapes['track_scores'] = (track_scores.shape, (count,))
     wrong = [f'{name} {got}' for name, (got, want) in shapes.items() if got != want]
     if wrong:
         raise ValueError(f'arrays of {count} detections expected, got {", ".join(wrong)}')
@@ -120,16 +130,19 @@ def detection_2d_fields(boxes: np.ndarray, box_std: np.ndarray, probabilities: n
     # Most probable first; a stable sort keeps tied classes in class order (argmax's choice).
     order = np.argsort(-probabilities, axis=1, kind='stable')
     scores = calibrated_scores.tolist() if calibrated_scores is not None else [-1.0] * count
+    evidence = track_scores.tolist() if track_scores is not None else [-1.0] * count
     out = []
-    for box, variance, ranks, row, track, ood, score in zip(
+    for box, variance, ranks, row, track, ood, score, track_score in zip(
             boxes.tolist(), variances.tolist(), order.tolist(), probabilities.tolist(),
-            track_ids.tolist(), out_of_distribution.tolist(), scores, strict=True):
+            track_ids.tolist(), out_of_distribution.tolist(), scores, evidence, strict=True):
         covariance = [0.0] * COVARIANCE_SIZE
         for slot, value in zip(COVARIANCE_SLOTS, variance, strict=True):
             covariance[slot] = value
         results = [Hypothesis(class_names[c], row[c]) for c in ranks]
         if score >= 0.0:
             results.append(Hypothesis(CALIBRATED_SCORE_ID, score))
+        if track_score >= 0.0:
+            results.append(Hypothesis(TRACK_SCORE_ID, track_score))
         results.append(Hypothesis(OUT_OF_DISTRIBUTION_ID, 1.0 if ood else 0.0))
         out.append(Detection2DFields(
             id='' if int(track) < 0 else str(int(track)), center_x=box[0], center_y=box[1],
