@@ -28,7 +28,9 @@ source "$ros_setup"
 # shellcheck source=/dev/null
 source "$ws_setup"
 set -u
-# Console scripts of ament_python packages live in lib/<package>/ (merged or isolated install).
+# `uq` is in bin/, which the workspace's setup put on PATH. The node executables live in
+# lib/<package>/ (merged or isolated install), where `ros2 run` looks: on PATH too, so that
+# a command can start one by name.
 prefix=$(dirname "$ws_setup")
 for dir in "$prefix"/lib/uq_* "$prefix"/uq_*/lib/uq_*; do
   [ -d "$dir" ] && PATH="$dir:$PATH"

@@ -1,9 +1,9 @@
 """The stack on the Gazebo (Harmonic) twin of the MuJoCo tabletop.
 
     sudo apt install ros-jazzy-ros-gz        # Gazebo Harmonic + ros_gz, the Jazzy pairing
-    ros2 launch uq_bringup gazebo.launch.py                  # headless server
-    ros2 launch uq_bringup gazebo.launch.py headless:=false  # with the Gazebo GUI
-    ros2 launch uq_bringup gazebo.launch.py --show-args
+    ros2 launch uq_sim_bringup gazebo.launch.py                  # headless server
+    ros2 launch uq_sim_bringup gazebo.launch.py headless:=false  # with the Gazebo GUI
+    ros2 launch uq_sim_bringup gazebo.launch.py --show-args
 
 Starts Gazebo Sim (``ros_gz_sim``'s ``gz_sim.launch.py``) on ``worlds/tabletop.sdf`` (table,
 four known and three unknown objects, the robot camera at 320x240, 15 Hz), bridges the
@@ -35,7 +35,8 @@ from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
-SHARE = FindPackageShare('uq_bringup')
+SHARE = FindPackageShare('uq_bringup')  # the stack and its parameter files
+SIM_SHARE = FindPackageShare('uq_sim_bringup')  # the world
 
 
 def _gazebo(context: LaunchContext) -> list:
@@ -83,7 +84,7 @@ def generate_launch_description() -> LaunchDescription:
         DeclareLaunchArgument('namespace', default_value='',
                               description='ROS namespace of the bridge and the stack.'),
         DeclareLaunchArgument('world',
-                              default_value=PathJoinSubstitution([SHARE, 'worlds',
+                              default_value=PathJoinSubstitution([SIM_SHARE, 'worlds',
                                                                   'tabletop.sdf']),
                               description='SDF world to simulate (default: the tabletop twin).'),
         DeclareLaunchArgument('bridge_config',

@@ -1,8 +1,8 @@
 """The stack fed by a recorded bag, for rosbag replay evaluation.
 
-    ros2 launch uq_bringup replay.launch.py bag:=/data/run1
-    ros2 launch uq_bringup replay.launch.py bag:=run1.mcap replay_args:='--rate 2.0'
-    ros2 launch uq_bringup replay.launch.py --show-args
+    ros2 launch uq_sim_bringup replay.launch.py bag:=/data/run1
+    ros2 launch uq_sim_bringup replay.launch.py bag:=run1.mcap replay_args:='--rate 2.0'
+    ros2 launch uq_sim_bringup replay.launch.py --show-args
 
 Includes ``uq_stack.launch.py`` (``use_sim_time`` true by default: the nodes follow the
 bag's ``/clock``) and runs ``uq replay <bag> [replay_args]`` (with ``--clock`` under
@@ -46,24 +46,20 @@ from launch_ros.substitutions import FindPackageShare
 
 from uq_common.lifecycle_state import wait_for_state
 
-SHARE = FindPackageShare('uq_bringup')
-# Packages whose lib/<package>/ may hold the `uq` console script.
-UQ_PACKAGES = ('uq_common', 'uq_perception')
+SHARE = FindPackageShare('uq_bringup')  # the stack and its parameter files
 
 
 def _uq_command() -> str | None:
-    """The `uq` executable: on PATH, else in an installed package of this workspace."""
+    """The `uq` executable: on PATH, else in uq_common's bin/ (a launch started with
+    AMENT_PREFIX_PATH but not PATH from the workspace)."""
     found = shutil.which('uq')
     if found:
         return found
-    for package in UQ_PACKAGES:
-        try:
-            path = Path(get_package_prefix(package)) / 'lib' / package / 'uq'
-        except PackageNotFoundError:
-            continue
-        if path.is_file() and os.access(path, os.X_OK):
-            return str(path)
-    return None
+    try:
+        path = Path(get_package_prefix('uq_common')) / 'bin' / 'uq'
+    except PackageNotFoundError:
+        return None
+    return str(path) if path.is_file() and os.access(path, os.X_OK) else None
 
 
 def _replay(context: LaunchContext) -> list:
@@ -123,7 +119,7 @@ def _replay(context: LaunchContext) -> list:
 class _DetectorActive(Event):
     """The detector answered ``active`` to ``get_state``."""
 
-    name = 'uq_bringup.replay.detector_active'
+    name = 'uq_sim_bringup.replay.detector_active'
 
 
 def generate_launch_description() -> LaunchDescription:

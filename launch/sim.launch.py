@@ -1,9 +1,9 @@
 """The stack in the MuJoCo simulation, open loop (scripted scenes) or closed loop (the grasp task).
 
-    ros2 launch uq_bringup sim.launch.py                               # tabletop_demo scene
-    ros2 launch uq_bringup sim.launch.py scenario:=unknown_static rate_hz:=10.0
-    ros2 launch uq_bringup sim.launch.py closed_loop:=true             # `make demo`'s graph
-    ros2 launch uq_bringup sim.launch.py --show-args
+    ros2 launch uq_sim_bringup sim.launch.py                      # tabletop_demo scene
+    ros2 launch uq_sim_bringup sim.launch.py scenario:=unknown_static rate_hz:=10.0
+    ros2 launch uq_sim_bringup sim.launch.py closed_loop:=true    # `make demo`'s graph
+    ros2 launch uq_sim_bringup sim.launch.py --show-args
 
 Both include ``uq_stack.launch.py`` (detector, arbitration and ask-for-help nodes) in
 ``namespace``; every stack argument can be passed through (``profile:=robot``,
@@ -40,7 +40,7 @@ from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
-SHARE = FindPackageShare('uq_bringup')
+SHARE = FindPackageShare('uq_bringup')  # the stack and its parameter files
 # uq_sim.scenario.SCENARIO_NAMES (test/test_scenario_lists.py keeps them equal).
 SCENARIOS = ('tabletop_demo', 'known_static', 'unknown_static', 'novel_arrivals', 'novel_pair')
 LOOKALIKE = ('yes', 'no', 'random')

@@ -8,7 +8,8 @@ For each key named in a ``src/*/package.xml`` (the workspace's own packages left
 ``rosdep install --ignore-src`` does) it prints one row of the table in docs/deployment.md:
 the kind of key, what it resolves to on Ubuntu 24.04 (``noble``, the x86 image and a robot
 with ROS 2 Jazzy from apt) and on Ubuntu 22.04 (``jammy``, the Jetson image), and whether
-the images install it. A key resolves as rosdep resolves it: a package released in the
+the images install it (the images build uq_bringup and the workspace packages it needs, as
+a robot does). A key resolves as rosdep resolves it: a package released in the
 distribution (``<distro>/distribution.yaml``) becomes ``ros-<distro>-<name>``; any other key
 is looked up in the ``rosdep/*.yaml`` files for the operating system and its version.
 
@@ -33,6 +34,8 @@ WORKSPACE = Path(__file__).resolve().parents[1]
 RUNTIME_KINDS = ('buildtool_depends', 'buildtool_export_depends', 'build_depends',
                  'build_export_depends', 'exec_depends')
 TEST_KINDS = ('test_depends',)
+#: The package the images and a robot build, with the workspace packages it needs.
+ROBOT_BRINGUP = 'uq_bringup'
 #: Installer names that may appear where rosdep's YAML otherwise names an OS version.
 INSTALLERS = ('apt', 'pip', 'source', 'gem', 'npm')
 
@@ -54,17 +57,38 @@ class Resolution:
     packages: tuple[str, ...]
 
 
+def _manifests(workspace: Path) -> dict:
+    """Package name -> its parsed ``src/*/package.xml``."""
+    return {m.parent.name: parse_package(str(m))
+            for m in sorted((workspace / 'src').glob('*/package.xml'))}
+
+
 def manifest_keys(workspace: Path = WORKSPACE) -> dict[str, set[str]]:
     """Key -> the dependency kinds naming it, over every ``src/*/package.xml``."""
-    manifests = sorted((workspace / 'src').glob('*/package.xml'))
-    own = {m.parent.name for m in manifests}
+    packages = _manifests(workspace)
     keys: dict[str, set[str]] = {}
-    for manifest in manifests:
-        package = parse_package(str(manifest))
+    for package in packages.values():
         for kind in RUNTIME_KINDS + TEST_KINDS:
             for dependency in getattr(package, kind):
-                if dependency.name not in own:
+                if dependency.name not in packages:
                     keys.setdefault(dependency.name, set()).add(kind)
+    return keys
+
+
+def robot_keys(workspace: Path = WORKSPACE) -> set[str]:
+    """The build and run keys of uq_bringup and of the workspace packages it needs, followed
+    through their manifests: what ``rosdep install`` installs on a robot and in the images."""
+    packages = _manifests(workspace)
+    needed, todo, keys = {ROBOT_BRINGUP}, [ROBOT_BRINGUP], set()
+    while todo:
+        package = packages[todo.pop()]
+        for kind in RUNTIME_KINDS:
+            for dependency in getattr(package, kind):
+                if dependency.name not in packages:
+                    keys.add(dependency.name)
+                elif dependency.name not in needed:
+                    needed.add(dependency.name)
+                    todo.append(dependency.name)
     return keys
 
 
@@ -143,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, yaml.YAMLError) as error:
         print(f'error: {error}', file=sys.stderr)
         return 2
-    keys = manifest_keys()
+    keys, on_robot = manifest_keys(), robot_keys()
     print('| key | kind | ' + ' | '.join(f'{o}:{v}' for o, v in systems) + ' | in images |')
     print('|---|---|' + '---|' * len(systems) + '---|')
     missing: list[str] = []
@@ -154,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         kind = {'ROS': 'ROS', 'apt': 'Ubuntu'}.get(found[0].kind, found[0].kind)
         cells = [', '.join(f'`{p}`' for p in r.packages) if r.packages else '—'
                  for r in found]
-        print(f"| `{key}` | {kind} | {' | '.join(cells)} | "
-              f"{'yes' if runtime else 'no (tests)'} |")
+        images = 'yes' if key in on_robot else 'no (off the robot)' if runtime else 'no (tests)'
+        print(f"| `{key}` | {kind} | {' | '.join(cells)} | {images} |")
         if runtime and found[0].kind == 'none':
             missing.append(key)
         if runtime and found[0].kind == 'pip':

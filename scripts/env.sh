@@ -16,9 +16,10 @@ if [ -f "$_uq_root/build/vision_msgs_ws/install/local_setup.bash" ]; then
   source "$_uq_root/build/vision_msgs_ws/install/local_setup.bash"
 fi
 [ "$_uq_nounset" = 1 ] && set -u
-# Console scripts of ament_python packages live in lib/<package>; put them on PATH so
-# `uq` and the node executables run directly (there is no `ros2 run` from PyPI).
-for _uq_pkg in uq_common uq_perception uq_autonomy uq_sim uq_eval; do
+# `uq` is on PATH from install/setup.bash (uq_common installs it to bin/). The node
+# executables live in lib/<package>, where `ros2 run` looks; put them on PATH too so they run
+# directly (there is no `ros2 run` from PyPI).
+for _uq_pkg in uq_perception uq_autonomy uq_sim; do
   [ -d "$_uq_root/install/$_uq_pkg/lib/$_uq_pkg" ] && PATH="$_uq_root/install/$_uq_pkg/lib/$_uq_pkg:$PATH"
 done
 export PATH

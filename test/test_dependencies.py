@@ -18,13 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from workspace_manifests import ROBOT_BRINGUP, needed_packages, run_dependencies
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / 'src'
 TABLE = REPO / 'docs' / 'dependencies.md'
-# Layers import only downwards: msgs <- common <- {perception, autonomy, sim} <- eval <- bringup.
+# Layers import only downwards:
+# msgs <- common <- {perception, autonomy, sim} <- {eval, bringup} <- sim_bringup.
+# uq_bringup (the robot stack) and uq_eval share a layer, so the robot never depends on the
+# evaluation; the simulation's launch files sit above both.
 LAYERS = {'uq_msgs': 1, 'uq_common': 2, 'uq_perception': 3, 'uq_autonomy': 3, 'uq_sim': 3,
-          'uq_eval': 4, 'uq_bringup': 5}
+          'uq_eval': 4, 'uq_bringup': 4, 'uq_sim_bringup': 5}
 DEPEND_TAGS = ('depend', 'exec_depend', 'build_depend', 'build_export_depend')
 
 
@@ -146,6 +150,30 @@ def test_manifests_declare_no_upward_or_unused_workspace_dependency():
                 f'{package} declares {sorted(declared - used)} but never imports them')
 
 
+# What only the simulation and the evaluation need; a robot installs none of it.
+OFF_ROBOT_PACKAGES = {'uq_sim', 'uq_eval', 'uq_sim_bringup'}
+
+
+def test_the_robot_stack_needs_no_simulation_or_evaluation():
+    # rosdep and colcon follow the manifests from uq_bringup (the robot build), so whatever a
+    # package on that path names is installed on every robot.
+    robot = needed_packages(ROBOT_BRINGUP)
+    assert {'uq_msgs', 'uq_common', 'uq_perception', 'uq_autonomy'} <= robot, sorted(robot)
+    pulled = sorted(robot & OFF_ROBOT_PACKAGES)
+    assert not pulled, f'the robot build pulls in {pulled}'
+    keys = set().union(*(run_dependencies(p) for p in robot)) - robot
+    assert not {k for k in keys if 'mujoco' in k}, sorted(keys)
+    # MuJoCo has no rosdep key: pip installs it for the packages docs/dependencies.md names.
+    _, pip_only = dependency_table()
+    assert not pip_only['mujoco'] & robot, f"mujoco is used by {sorted(pip_only['mujoco'])}"
+
+
+def test_the_simulation_bringup_needs_what_its_launch_files_start():
+    # sim.launch.py starts uq_sim's nodes, replay.launch.py runs `uq replay` (uq_eval), and
+    # both include the stack of uq_bringup.
+    assert {'uq_bringup', 'uq_sim', 'uq_eval'} <= needed_packages('uq_sim_bringup')
+
+
 def test_checker_reports_an_undeclared_import(tmp_path):
     # A throwaway package whose module imports numpy and a higher layer, while its manifest
     # declares neither: the checker must name both.
@@ -192,7 +220,7 @@ PERCEPTION_SUBPACKAGES = ('detectors', 'ntk', 'runtime', 'training')
 # The per-frame path starts at the node; nothing it reaches may import these.
 PER_FRAME_ENTRY = 'uq_perception.detector_node'
 OFF_ROBOT = ('uq_perception.training.train',)
-MAX_LOOSE_PERCEPTION_MODULES = 8
+MAX_LOOSE_PERCEPTION_MODULES = 9
 # The autonomy package by concern: the level of autonomy, asking for help, the label store
 # and its tools; the nodes and the reach policy stay at the top.
 AUTONOMY_SUBPACKAGES = ('arbitration', 'help', 'labels')

@@ -5,15 +5,18 @@ are not built here (docs/deployment.md says so). What can be checked is checked:
   on the entrypoint; skipped with the reason when the linter is not installed;
 - the rosdep step: every rosdep key named in a ``package.xml`` is in the documented list of
   docs/deployment.md (and nothing else is), each with what it resolves to on the images'
-  bases and whether the images install it (build and run keys, not test-only ones; a key
-  rosdep cannot resolve must be test-only); every manifest is copied in before ``rosdep
-  install --from-paths src --ignore-src`` runs (test/test_rosdep_keys.py checks the table
-  against rosdistro itself);
+  bases and whether the images install it (the build and run keys of uq_bringup and the
+  packages it needs; a key rosdep cannot resolve must be test-only); the images, like a
+  robot, select exactly those packages for rosdep and colcon, and copy their manifests in
+  before ``rosdep install --from-paths ... --ignore-src`` runs (test/test_rosdep_keys.py
+  checks the table against rosdistro itself);
 - the robot build documented in docs/deployment.md and the README is the x86 image's: the
-  same rosdep dependency types, a virtual environment with the system's site-packages, the
-  same torch and ``requirements/robot.txt``, colcon run by that environment's Python, in the
-  same order; ``requirements/robot.txt`` pins what ``requirements/constraints.txt`` pins;
-- every pip-only module of docs/dependencies.md is installed by the x86 image;
+  same packages, the same rosdep dependency types, a virtual environment with the system's
+  site-packages, the same torch and ``requirements/robot.txt``, colcon run by that
+  environment's Python, in the same order; ``requirements/robot.txt`` pins what
+  ``requirements/constraints.txt`` pins;
+- every pip-only module of docs/dependencies.md that the robot's packages use is installed by
+  the x86 image; the others are in ``requirements/sim.txt``, not in ``requirements/robot.txt``;
 - the entrypoint, run here against this workspace's environment: it enters it, picks the
   backend (``pytorch-cuda`` with its one-line reason where torch-tensorrt cannot load; the
   TensorRT engine built, or reused, for ``tensorrt``), refuses to start when the engine
@@ -34,6 +37,7 @@ from pathlib import Path
 import pytest
 import yaml
 from catkin_pkg.package import parse_package
+from workspace_manifests import ROBOT_BRINGUP, robot_packages
 
 WORKSPACE = Path(__file__).resolve().parents[1]
 DOCKER = WORKSPACE / 'docker'
@@ -79,10 +83,14 @@ def test_entrypoint_passes_shellcheck():
 
 # --- rosdep ------------------------------------------------------------------------------
 
-def _manifest_keys(kinds: tuple[str, ...] = DEPEND_KINDS) -> set[str]:
+def _manifest_keys(kinds: tuple[str, ...] = DEPEND_KINDS,
+                   packages: set[str] | None = None) -> set[str]:
+    """The keys ``kinds`` of the manifests of ``packages`` (default: all) name."""
     workspace = {m.parent.name for m in MANIFESTS}
     keys = set()
     for manifest in MANIFESTS:
+        if packages is not None and manifest.parent.name not in packages:
+            continue
         package = parse_package(str(manifest))
         for kind in kinds:
             keys |= {d.name for d in getattr(package, kind) if d.name not in workspace}
@@ -132,18 +140,37 @@ def _rosdep_types(step: str) -> set[str]:
     return set(re.findall(r'(?:-t|--dependency-types) (\w+)', step))
 
 
-def test_the_images_install_exactly_the_build_and_run_keys():
-    runtime = _manifest_keys(tuple(k for k in DEPEND_KINDS if k != 'test_depends'))
+#: A rosdep step of the workspace: the package folders it reads are group 1.
+ROSDEP_STEP = r'rosdep install --from-paths ((?:src/\w+\s+)+)--ignore-src .*-y'
+#: What a robot and the images select: uq_bringup and the packages it needs.
+ROBOT_PATHS = {f'src/{package}' for package in robot_packages()}
+
+
+def _rosdep_step(dockerfile: Path) -> re.Match:
+    (step,) = [m for s in _run_steps(dockerfile) if (m := re.search(ROSDEP_STEP, s))]
+    return step
+
+
+def test_the_images_install_exactly_the_build_and_run_keys_of_the_robot():
+    runtime_kinds = tuple(k for k in DEPEND_KINDS if k != 'test_depends')
+    runtime = _manifest_keys(runtime_kinds)
+    robot = _manifest_keys(runtime_kinds, robot_packages())
     for key, (kind, _, _, images) in _documented_keys().items():
-        assert images == ('yes' if key in runtime else 'no (tests)'), key
-        # rosdep install stops on a key it cannot resolve: such a key must stay out of the
-        # images' rosdep step, i.e. be a test dependency only.
+        expected = ('yes' if key in robot else 'no (off the robot)' if key in runtime
+                    else 'no (tests)')
+        assert images == expected, key
+        # rosdep install stops on a key it cannot resolve: such a key must stay out of every
+        # rosdep step of a build (the robot's, or a simulation machine's), i.e. be a test
+        # dependency only.
         assert kind != 'none' or key not in runtime, f'{key} has no rosdep rule'
     for dockerfile in DOCKERFILES:
-        (step,) = [s for s in _run_steps(dockerfile)
-                   if 'rosdep install' in s and '--from-paths src ' in s]
-        assert _rosdep_types(step) == {'buildtool', 'buildtool_export', 'build',
-                                       'build_export', 'exec'}, dockerfile.name
+        step = _rosdep_step(dockerfile)
+        assert set(step.group(1).split()) == ROBOT_PATHS, dockerfile.name
+        assert _rosdep_types(step.string) == {'buildtool', 'buildtool_export', 'build',
+                                              'build_export', 'exec'}, dockerfile.name
+        (colcon,) = [s for s in _run_steps(dockerfile) if 'colcon build' in s
+                     and '/opt/uq' in s]
+        assert f'--packages-up-to {ROBOT_BRINGUP} ' in colcon, dockerfile.name
 
 
 # --- the documented robot build is the x86 image's ----------------------------------------
@@ -154,16 +181,16 @@ def _build_arguments(dockerfile: Path) -> dict[str, str]:
 
 
 def _documented_build(path: Path) -> list[str]:
-    """The commands of the robot-build block of a document, one per line."""
+    """The commands of the robot-build block of a document, continuation lines joined."""
     text = path.read_text(encoding='utf-8')
     block = text.split('<!-- robot-build:begin -->')[1].split('<!-- robot-build:end -->')[0]
-    return [line.strip() for line in block.splitlines()
+    return [line.strip() for line in re.sub(r'\\\n', ' ', block).splitlines()
             if line.strip() and not line.startswith('```')]
 
 
 #: The steps both must run, in this order: a pattern for each, and what must agree.
 BUILD_STEPS = [
-    ('rosdep', r'rosdep install --from-paths src --ignore-src .*-y'),
+    ('rosdep', ROSDEP_STEP),
     ('venv', r'python3 -m venv --system-site-packages (\S+)'),
     ('torch', r'pip3? install --index-url "?([^\s"]+)"? "?torch==([\w.]+)"?'),
     ('pip-only', r'pip3? install -r requirements/robot\.txt'),
@@ -197,7 +224,10 @@ def test_the_documented_robot_build_is_what_the_x86_image_runs():
     by_name = {name: (d, m) for (name, _, d), (_, _, m) in zip(doc_steps, image_steps,
                                                                    strict=True)}
     documented, built = by_name['rosdep']
+    assert set(documented.group(1).split()) == set(built.group(1).split()) == ROBOT_PATHS
     assert _rosdep_types(documented.string) == _rosdep_types(built.string) != set()
+    for step in by_name['colcon']:
+        assert f'--packages-up-to {ROBOT_BRINGUP}' in step.string, step.string
     # rosdep installs a `pip` key with the system's pip, which Ubuntu 24.04 refuses (PEP 668):
     # each such build or run key is skipped there and installed in the environment instead.
     pip_keys = {key: resolution.strip('`') for key, (kind, resolution, _, images)
@@ -217,44 +247,65 @@ def test_the_documented_robot_build_is_what_the_x86_image_runs():
     assert f'source {by_name["venv"][0].group(1)}/bin/activate' in ' '.join(doc)
 
 
-def test_robot_requirements_pin_what_the_workspace_pins_and_nothing_apt_provides():
+@pytest.mark.parametrize('name', ['robot.txt', 'sim.txt'])
+def test_apt_requirements_pin_what_the_workspace_pins_and_nothing_apt_provides(name):
     pins = dict(re.findall(r'^([\w.-]+)==(\S+)$', (WORKSPACE / 'requirements' / 'constraints.txt')
                            .read_text(encoding='utf-8'), re.MULTILINE))
-    robot = re.findall(r'^([\w.-]+)==([^\s;]+)', (WORKSPACE / 'requirements' / 'robot.txt')
-                       .read_text(encoding='utf-8'), re.MULTILINE)
-    assert robot, 'requirements/robot.txt pins nothing'
-    for package, version in robot:
+    pinned = re.findall(r'^([\w.-]+)==([^\s;]+)', (WORKSPACE / 'requirements' / name)
+                        .read_text(encoding='utf-8'), re.MULTILINE)
+    assert pinned, f'requirements/{name} pins nothing'
+    for package, version in pinned:
         assert pins.get(package) == version, f'{package}=={version}: constraints say ' \
                                              f'{pins.get(package)}'
-    # What rosdep installs from apt stays apt's (the file's comment says why).
+    # What rosdep installs from apt stays apt's (robot.txt's comment says why).
     apt_modules = {'numpy', 'scipy', 'matplotlib', 'opencv-python-headless', 'pyyaml'}
-    assert not apt_modules & {p.lower() for p, _ in robot}
+    assert not apt_modules & {p.lower() for p, _ in pinned}
 
 
 @pytest.mark.parametrize('dockerfile', DOCKERFILES, ids=lambda p: p.name)
 def test_every_manifest_is_in_place_before_the_rosdep_step(dockerfile):
     steps = _run_steps(dockerfile)
-    rosdep = [i for i, step in enumerate(steps)
-              if 'rosdep install' in step and '--from-paths src ' in step]
-    assert len(rosdep) == 1, 'one rosdep install --from-paths src step expected'
-    assert '--ignore-src' in steps[rosdep[0]]
+    rosdep = [i for i, step in enumerate(steps) if re.search(ROSDEP_STEP, step)]
+    assert len(rosdep) == 1, 'one rosdep install --from-paths ... --ignore-src step expected'
     copied = {m.group(1) for step in steps[:rosdep[0]]
               if (m := re.match(r'COPY (src/\w+/package\.xml) ', step))}
-    expected = {str(m.relative_to(WORKSPACE)) for m in MANIFESTS}
+    expected = {f'{path}/package.xml' for path in ROBOT_PATHS}
     assert copied == expected, f'missing: {sorted(expected - copied)}, ' \
                                f'stale: {sorted(copied - expected)}'
 
 
-def test_the_x86_image_installs_every_pip_only_module():
+def _pip_only_modules(on_robot: bool) -> list[tuple[str, str]]:
+    """(module, pip package) of docs/dependencies.md's pip-only table that a package of the
+    robot uses (``on_robot``), or that only the other packages use. Modules only the tests
+    use and optional extras such as laplace-torch for a benchmark (the note says which) are
+    left out: no build installs them."""
     doc = WORKSPACE / 'docs' / 'dependencies.md'
-    rows = re.findall(r'^\| `(\w+)` \| pip only \| ([\w.-]+)([^|]*)\|',
+    rows = re.findall(r'^\| `(\w+)` \| pip only \| ([\w.-]+)([^|]*)\|([^|]*)\|',
                       doc.read_text(encoding='utf-8'), re.MULTILINE) if doc.is_file() else []
     if not rows:
         pytest.skip('docs/dependencies.md has no pip-only table')
-    # Modules only the tests use, and optional extras such as laplace-torch for a
-    # benchmark (the note says which), are not part of the image.
-    rows = [(module, package) for module, package, note in rows
-            if '(tests' not in note and '(optional' not in note]
+    robot = robot_packages()
+    return [(module, package) for module, package, note, users in rows
+            if '(tests' not in note and '(optional' not in note
+            and bool(robot & {u.strip().strip('`') for u in users.split(',')}) == on_robot]
+
+
+def test_the_simulation_requirements_hold_every_pip_only_module_off_the_robot():
+    sim = (WORKSPACE / 'requirements' / 'sim.txt').read_text(encoding='utf-8')
+    robot = (WORKSPACE / 'requirements' / 'robot.txt').read_text(encoding='utf-8')
+    modules = _pip_only_modules(on_robot=False)
+    assert 'mujoco' in dict(modules), modules
+    for module, pip_package in modules:
+        pinned = rf'^{re.escape(pip_package)}=='
+        assert re.search(pinned, sim, re.MULTILINE), \
+            f'{module} ({pip_package}) is not in requirements/sim.txt'
+        assert not re.search(pinned, robot, re.MULTILINE), \
+            f'{module} ({pip_package}) is in requirements/robot.txt, but no robot package uses it'
+
+
+def test_the_x86_image_installs_every_pip_only_module_of_the_robot():
+    rows = _pip_only_modules(on_robot=True)
+    assert 'torch' in dict(rows), rows
     robot = (WORKSPACE / 'requirements' / 'robot.txt').read_text(encoding='utf-8')
     steps = ' '.join(_run_steps(DOCKERFILES[0]))
     if 'requirements/robot.txt' in steps:

@@ -28,9 +28,9 @@ from lifecycle_msgs.srv import GetState
 from rclpy.executors import SingleThreadedExecutor
 
 WORKSPACE = Path(__file__).resolve().parents[1]
-WORLD_DIR = WORKSPACE / 'src' / 'uq_bringup' / 'worlds'
+WORLD_DIR = WORKSPACE / 'src' / 'uq_sim_bringup' / 'worlds'
 WORLD = WORLD_DIR / 'tabletop.sdf'
-GENERATOR = WORKSPACE / 'src' / 'uq_bringup' / 'scripts' / 'generate_tabletop_world.py'
+GENERATOR = WORKSPACE / 'src' / 'uq_sim_bringup' / 'scripts' / 'generate_tabletop_world.py'
 BRIDGE = WORKSPACE / 'config' / 'gazebo_bridge.yaml'
 BUILTIN_SHAPES = {'box', 'sphere', 'cylinder', 'capsule', 'ellipsoid', 'plane', 'cone'}
 # ROS <-> Gazebo message pairs that ros_gz_bridge converts (its README's table).
@@ -99,7 +99,7 @@ def test_world_is_what_the_generator_makes_from_the_mujoco_scene():
     result = subprocess.run([sys.executable, str(GENERATOR), '--check'], capture_output=True,
                             text=True, timeout=300, env=dict(os.environ, MUJOCO_GL='egl'))
     assert result.returncode == 0, (result.stderr + '\nregenerate with: python '
-                                    'src/uq_bringup/scripts/generate_tabletop_world.py')
+                                    'src/uq_sim_bringup/scripts/generate_tabletop_world.py')
 
 
 def test_generator_pose_convention_round_trips():

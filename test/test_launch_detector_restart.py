@@ -2,7 +2,7 @@
 defaults hands control to the operator within the fail-safe deadline, and the arbitration
 is back at assistance within 3 s of the kill.
 
-``ros2 launch uq_bringup sim.launch.py scenario:=known_static`` as a user runs it (a
+``ros2 launch uq_sim_bringup sim.launch.py scenario:=known_static`` as a user runs it (a
 namespace of its own, ``ask_for_help:=false``): four known objects, so the level climbs to
 assistance (3). Then the detector process is killed with SIGKILL. The launch respawns it
 (``respawn_delay`` 0.1 s) and the new process configures and activates itself (its

@@ -113,7 +113,7 @@ def test_every_argument_is_documented(path):
     assert not undocumented, result.stdout
 
 
-def test_the_stack_file_declares_the_arguments_of_the_issue():
+def test_the_stack_file_declares_its_main_arguments():
     result = subprocess.run(['ros2', 'launch', 'uq_bringup', 'uq_stack.launch.py', '--show-args'],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -149,14 +149,15 @@ def test_bad_arguments_fail_at_start_naming_the_argument(launch, args, argument)
     (['scenario:=nowhere'], 'scenario'),
 ], ids=lambda v: v if isinstance(v, str) else ' '.join(v))
 def test_bad_sim_arguments_fail_at_start_naming_the_argument(launch, args, argument):
-    run = launch('uq_bringup', 'sim.launch.py', 'ask_for_help:=false', *args)
+    run = launch('uq_sim_bringup', 'sim.launch.py', 'ask_for_help:=false', *args)
     assert run.finish(timeout_s=60) != 0, run.output
     assert f"launch argument '{argument}'" in run.output, run.output
     assert 'process started' not in run.output
 
 
 def test_replay_of_a_missing_bag_fails_naming_the_argument(launch):
-    run = launch('uq_bringup', 'replay.launch.py', 'bag:=/nonexistent/bag', 'ask_for_help:=false')
+    run = launch('uq_sim_bringup', 'replay.launch.py', 'bag:=/nonexistent/bag',
+                 'ask_for_help:=false')
     assert run.finish(timeout_s=60) != 0, run.output
     assert "launch argument 'bag'" in run.output, run.output
     assert 'process started' not in run.output
@@ -192,7 +193,7 @@ def test_sim_launch_publishes_detections_of_the_rendered_scene(launch, tmp_path)
     camera = yaml.safe_load((config / 'sim_camera.yaml').read_text(encoding='utf-8'))
     camera['sim_camera_node']['ros__parameters']['frame_id'] = 'sim_launch_test_frame'
     (config / 'sim_camera.yaml').write_text(yaml.safe_dump(camera), encoding='utf-8')
-    run = launch('uq_bringup', 'sim.launch.py', 'scenario:=known_static', 'rate_hz:=5.0',
+    run = launch('uq_sim_bringup', 'sim.launch.py', 'scenario:=known_static', 'rate_hz:=5.0',
                  'ask_for_help:=false', 'namespace:=sim_test', f'config_dir:={config}')
     context = rclpy.Context()
     rclpy.init(context=context, domain_id=DOMAIN_ID)
@@ -223,7 +224,7 @@ def test_sim_closed_loop_runs_the_demo_graph_and_its_trial(launch):
     from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
     from std_msgs.msg import String
 
-    run = launch('uq_bringup', 'sim.launch.py', 'closed_loop:=true', 'namespace:=loop_test',
+    run = launch('uq_sim_bringup', 'sim.launch.py', 'closed_loop:=true', 'namespace:=loop_test',
                  'seed:=0', 'lookalike:=no')
     nodes = {'sim_robot_node', 'reach_policy_node', 'scripted_operator_node',
              'scripted_labeller_node', 'detector_node', 'arbitration_node', 'ask_for_help_node'}
@@ -288,7 +289,7 @@ def test_the_robot_profile_reaches_the_nodes_in_a_namespace(launch):
 
 @pytest.mark.slow
 def test_replay_launch_answers_every_frame_of_a_bag_then_ends(launch, tmp_path):
-    uq = shutil.which('uq') or str(WORKSPACE / 'install' / 'uq_common' / 'lib' / 'uq_common' / 'uq')
+    uq = shutil.which('uq') or str(WORKSPACE / 'install' / 'uq_common' / 'bin' / 'uq')
     for command in (['replay', '--help'], ['sim', 'record', '--help']):
         if subprocess.run([uq, *command], capture_output=True, timeout=120).returncode != 0:
             pytest.skip(f'`uq {" ".join(command[:-1])}` is not installed')
@@ -298,7 +299,7 @@ def test_replay_launch_answers_every_frame_of_a_bag_then_ends(launch, tmp_path):
                    capture_output=True, timeout=300, env=dict(os.environ, MUJOCO_GL='egl'))
     # At the bag's own rate: the replay holds each image until the previous one is answered,
     # so a detector slowed down by a loaded machine is not sent frames it would drop.
-    run = launch('uq_bringup', 'replay.launch.py', f'bag:={bag}', 'ask_for_help:=false',
+    run = launch('uq_sim_bringup', 'replay.launch.py', f'bag:={bag}', 'ask_for_help:=false',
                  f'replay_args:=--record {out}')
     # The launch ends by itself when the replay ends (shutdown_at_end), every node cleanly.
     assert run.finish(timeout_s=300) == 0, run.output

@@ -1,4 +1,4 @@
-"""launch_testing: ``ros2 launch uq_bringup sim.launch.py`` gates autonomy with the shipped
+"""launch_testing: ``ros2 launch uq_sim_bringup sim.launch.py`` gates autonomy with the shipped
 defaults, in both parameter profiles.
 
 The launch file runs as a user runs it, with nothing set but the scenario, the profile, a

@@ -1,32 +1,32 @@
-"""Packaging: every package.xml is a valid format-3 manifest, every console script and
-every `uq` subcommand answers --help."""
+"""Packaging: every package.xml is a valid format-3 manifest, every launch file is installed
+by the bring-up package whose dependencies it needs, and every `uq` subcommand answers --help
+(the installed console scripts: test/test_robot_install.py)."""
 
 from __future__ import annotations
 
-import os
+import re
 import shutil
 import subprocess
 import sys
-from importlib.metadata import distribution
 from pathlib import Path
 
 import pytest
 from catkin_pkg.package import parse_package
+from workspace_manifests import needed_packages
 
 from uq_common.cli import build_parser
 
 WORKSPACE = Path(__file__).resolve().parents[1]
 MANIFESTS = sorted((WORKSPACE / 'src').glob('*/package.xml'))
 PYTHON_PACKAGES = ['uq_common', 'uq_perception', 'uq_autonomy', 'uq_sim', 'uq_eval']
-
-
-def _console_scripts() -> list[tuple[str, str]]:
-    return [(pkg, ep.name) for pkg in PYTHON_PACKAGES
-            for ep in distribution(pkg).entry_points if ep.group == 'console_scripts']
+# ament_cmake packages that install files of the workspace's top level: the robot stack, and
+# the simulation's launch files on top of it.
+BRINGUP_PACKAGES = ['uq_bringup', 'uq_sim_bringup']
 
 
 def test_every_package_has_a_manifest():
-    assert {m.parent.name for m in MANIFESTS} == {'uq_msgs', 'uq_bringup', *PYTHON_PACKAGES}
+    assert {m.parent.name for m in MANIFESTS} == {'uq_msgs', *BRINGUP_PACKAGES,
+                                                  *PYTHON_PACKAGES}
 
 
 @pytest.mark.parametrize('manifest', MANIFESTS, ids=lambda p: p.parent.name)
@@ -36,7 +36,7 @@ def test_manifest_is_valid_format_3(manifest):
     assert package.package_format == 3
     assert package.name == manifest.parent.name
     build_type = package.get_build_type()
-    assert build_type == ('ament_cmake' if package.name in ('uq_msgs', 'uq_bringup')
+    assert build_type == ('ament_cmake' if package.name in ('uq_msgs', *BRINGUP_PACKAGES)
                           else 'ament_python')
 
 
@@ -48,13 +48,37 @@ def test_manifest_is_xmllint_clean(manifest):
     assert result.returncode == 0 and not result.stderr, result.stderr
 
 
-@pytest.mark.parametrize('package,script', _console_scripts(), ids=lambda v: v)
-def test_console_script_answers_help(package, script):
-    path = WORKSPACE / 'install' / package / 'lib' / package / script
-    assert path.is_file() and os.access(path, os.X_OK), f'{path} not installed'
-    result = subprocess.run([str(path), '--help'], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert 'usage' in result.stdout.lower()
+def _installed_launch_files() -> dict[str, list[str]]:
+    """Launch file -> the bring-up packages whose CMakeLists.txt installs it."""
+    installers: dict[str, list[str]] = {}
+    for package in BRINGUP_PACKAGES:
+        cmake = (WORKSPACE / 'src' / package / 'CMakeLists.txt').read_text(encoding='utf-8')
+        for name in re.findall(r'/launch/([\w.]+\.launch\.py)"', cmake):
+            installers.setdefault(name, []).append(package)
+    return installers
+
+
+def test_every_launch_file_is_installed_by_one_bringup_package():
+    installers = _installed_launch_files()
+    on_disk = sorted(p.name for p in (WORKSPACE / 'launch').glob('*.launch.py'))
+    assert sorted(installers) == on_disk, f'installed: {sorted(installers)}, in launch/: {on_disk}'
+    assert all(len(packages) == 1 for packages in installers.values()), installers
+    assert installers['uq_stack.launch.py'] == ['uq_bringup']
+
+
+@pytest.mark.parametrize('name,package', sorted((n, p[0]) for n, p in
+                                                 _installed_launch_files().items()))
+def test_launch_file_names_only_packages_its_bringup_needs(name, package):
+    # A launch file starts nodes of, includes from and imports workspace packages; each must
+    # be installed wherever its bring-up package is, so the robot's launch file can name no
+    # simulation package.
+    text = (WORKSPACE / 'launch' / name).read_text(encoding='utf-8')
+    workspace = {m.parent.name for m in MANIFESTS}
+    named = set(re.findall(r"'(uq_\w+)'", text)) | set(re.findall(r'^from (uq_\w+)[. ]', text,
+                                                                    re.MULTILINE))
+    assert named & workspace, f'{name} names no workspace package'
+    assert named & workspace <= needed_packages(package), \
+        f'{name} ({package}) names {sorted((named & workspace) - needed_packages(package))}'
 
 
 def _subcommand_paths() -> list[list[str]]:
