@@ -99,7 +99,10 @@ def test_a_confident_lookalike_fools_full_autonomy_and_not_the_gate(loop):
     ``FULL_AUTONOMY_TRIES`` tries; the gated policy one.
     """
     processes, observer = loop
-    shape = load_selection()['passed'][0]
+    # Shape 238, one of the selected confident look-alikes, is the one this trial was
+    # checked with: full autonomy grasps it and the gate holds.
+    shape = 238
+    assert shape in load_selection()['passed']
     extra = {'lookalike_shape': shape, 'timeout_s': HARD_TIMEOUT_S, 'target_absent': True}
     rows: dict[str, list[dict]] = {'full_autonomy': [], 'gated': []}
     try:

@@ -2,15 +2,21 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from uq_eval.closed_loop.loop import TimelineSample
 from uq_eval.closed_loop.shared_autonomy_metrics import (
+    HELP_POLICIES,
+    OPERATOR_MODE,
+    PINNED_LEVEL,
+    POLICIES,
     operator_weight,
     paired_time_ratio,
     score_trial,
     stale_motion,
     summarise,
+    time_ratios,
     wilson_interval,
 )
 
@@ -107,3 +113,95 @@ def test_stale_motion_counts_unattended_motion_after_the_stale_report_until_fres
                 'lookalike': False, 'operator_share': 1.0, 'level_changes': 0,
                 'stale_motion_m': m, 'fault_onset': 1.0} for k, m in enumerate((0.0, 0.03))]
     assert summarise(faulted)['moved_toward_stale_goal']['count'] == 1
+
+
+def _stale_motion(samples):
+    return stale_motion(samples, onset=0.1, allowance_s=0.3, deadband=0.02, deadline_s=0.5,
+                        operator_quiet_s=0.4)
+
+
+def test_the_stale_window_closes_at_fresh_perception_and_a_second_stale_spell_is_not_it():
+    # stale -> fresh -> stale: the window is the first stale spell only. The robot moving
+    # while perception is fresh (the operator or the autonomy on a fresh goal) and in a later
+    # stale spell (after the window closed) is no motion toward the faulted goal.
+    first = [sample(0.0, 3, xy=(0.0, 0.0)),
+             sample(0.5, 0, stale=True, xy=(0.01, 0.0)),   # reported; braking allowance
+             sample(1.0, 0, stale=True, xy=(0.02, 0.0)),
+             sample(1.5, 0, stale=True, xy=(0.05, 0.0))]   # counted from 0.8 s: 0.03
+    fresh = [sample(2.0, 2, xy=(0.30, 0.0)),               # fresh: the window ends here
+             sample(2.5, 3, xy=(0.60, 0.0))]
+    second = [sample(3.0, 0, stale=True, xy=(0.90, 0.0)),
+              sample(3.5, 0, stale=True, xy=(1.20, 0.0)),
+              sample(4.0, 0, stale=True, xy=(1.50, 0.0))]
+    moved = _stale_motion(first + fresh + second)
+    assert moved['stale_motion_m'] == pytest.approx(0.03)
+    assert moved['stale_window_s'] == pytest.approx(0.5)
+    assert moved['stale_after_s'] == pytest.approx(0.4)
+    assert _stale_motion(first + fresh + second) == _stale_motion(first + fresh[:1])
+
+
+def test_nothing_after_the_first_fresh_sample_changes_the_stale_motion():
+    # The rule as a property: once perception is fresh again after the window opened
+    # (braking allowance 0.3 s after the first stale report), any later timeline (more stale
+    # spells, fresh motion, operator commands) leaves the figures as they are.
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        t, x, head = 0.0, 0.0, [sample(0.0, 3)]
+        first_stale = float(rng.uniform(0.1, 0.6))
+        t = first_stale
+        head.append(sample(t, 0, stale=True, xy=(x, 0.0)))
+        while t < first_stale + 0.3 or rng.random() < 0.5:  # stale past the allowance
+            t, x = t + float(rng.uniform(0.05, 0.5)), x + float(rng.uniform(0.0, 0.05))
+            head.append(sample(t, 0, stale=True, xy=(x, 0.0)))
+        t, x = t + 0.1, x + 0.2
+        head.append(sample(t, 2, xy=(x, 0.0)))             # the first fresh sample
+        tail = []
+        for _ in range(int(rng.integers(1, 12))):
+            t, x = t + float(rng.uniform(0.05, 0.5)), x + float(rng.uniform(0.0, 0.3))
+            tail.append(sample(t, 0, stale=bool(rng.random() < 0.7), xy=(x, 0.0),
+                               operator_speed=float(rng.choice([0.0, 0.0, 0.05]))))
+        alone, followed = _stale_motion(head), _stale_motion(head + tail)
+        assert followed == pytest.approx(alone), (head, tail)
+
+
+def test_every_policy_has_a_level_and_an_operator_mode_and_gated_help_is_gated():
+    assert set(PINNED_LEVEL) == set(OPERATOR_MODE) == set(POLICIES)
+    assert PINNED_LEVEL['gated_help'] is None and OPERATOR_MODE['gated_help'] == 'supervise'
+    assert set(HELP_POLICIES) == {'gated_help'}
+
+
+def test_paired_time_ratios_of_the_gated_policies_over_every_policy_before_them():
+    def rows(times):
+        return [{'seed': k, 'success': t is not None, 'time_s': t or 45.0}
+                for k, t in enumerate(times)]
+    by_policy = {'teleoperation': rows([8.0, 8.0, 8.0]), 'full_autonomy': rows([2.0, None, 2.0]),
+                 'gated': rows([4.0, 6.0, None]), 'gated_help': rows([3.0, 5.0, 4.0])}
+    ratios = time_ratios(by_policy)
+    assert set(ratios) == {'gated_over_teleoperation', 'gated_over_full_autonomy',
+                           'gated_help_over_teleoperation', 'gated_help_over_full_autonomy',
+                           'gated_help_over_gated'}
+    assert ratios['gated_help_over_gated']['pairs'] == 2
+    assert ratios['gated_help_over_gated']['ratio'] == pytest.approx(8.0 / 10.0)
+    assert ratios['gated_help_over_full_autonomy']['ratio'] == pytest.approx(7.0 / 4.0)
+    # Only the policies played.
+    assert set(time_ratios({'gated_help': by_policy['gated_help'],
+                            'full_autonomy': by_policy['full_autonomy']})) == \
+        {'gated_help_over_full_autonomy'}
+
+
+def test_help_requests_answers_and_suspect_holds_per_trial_and_policy():
+    samples = [sample(0.1, 0), sample(0.2, 1), sample(0.3, 1), sample(0.4, 1)]
+    for s, held, asked in zip(samples, (False, True, True, False), (0, 0, 1, 1), strict=True):
+        s.suspect_hold, s.help_requests = held, asked
+    row = score_trial({'trial': 3, 'status': 'failure', 'grasped': 'lookalike',
+                       'elapsed_s': 3.0}, samples, 0.02)
+    assert row['help_requests'] == 1 and row['suspect_hold_share'] == pytest.approx(0.5)
+    other = dict(row, help_requests=3, help_answered=2, suspect_hold_share=0.0)
+    s = summarise([dict(row, help_answered=1), other])
+    assert s['help_requests_per_trial'] == pytest.approx(2.0)
+    assert s['help_answered_per_trial'] == pytest.approx(1.5)
+    assert s['suspect_hold_share'] == pytest.approx(0.25)
+    # Rows of a journal from before these fields.
+    old = {k: v for k, v in row.items() if k not in ('help_requests', 'suspect_hold_share')}
+    s = summarise([old])
+    assert s['help_requests_per_trial'] == 0.0 and math.isnan(s['suspect_hold_share'])

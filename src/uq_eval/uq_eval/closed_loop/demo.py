@@ -27,11 +27,9 @@ import time
 from pathlib import Path
 
 from uq_common.arguments import domain_id, non_negative_float, non_negative_int, positive_float
+from uq_eval.closed_loop.loop import LABELLER, help_node_args, labeller_args
 
 WORKSPACE = Path(__file__).resolve().parents[4]
-ASK_FOR_HELP_CONFIG = WORKSPACE / 'config' / 'ask_for_help.yaml'
-LABELLER_CONFIG = WORKSPACE / 'config' / 'scripted_labeller.yaml'
-LABELLER = ('scripted_labeller_node', 'uq_sim.scripted_labeller_node')
 DEADBAND = 0.02  # arbitration_node operator_deadband, config/shared_autonomy.yaml
 READY_TIMEOUT_S = 120.0
 
@@ -90,10 +88,8 @@ def run(args: argparse.Namespace) -> int:
         'sim_robot_node': ['-p', f'seed:={args.seed + 1000}', '-p', "lookalike:='no'",
                            '-p', f'timeout_s:={args.trial_timeout}'],
         # A fresh label store per run: the detector learns the torus during the demo.
-        'ask_for_help_node': ['--params-file', str(ASK_FOR_HELP_CONFIG),
-                              '-p', f'label_store_url:={store}', '-p', 'web_enabled:=false'],
-        'scripted_labeller_node': ['--params-file', str(LABELLER_CONFIG),
-                                   '-p', f'answer_delay_s:={float(args.answer_delay)}'],
+        'ask_for_help_node': help_node_args(store),
+        'scripted_labeller_node': labeller_args(args.answer_delay),
     }
     print(f'[demo] starting the closed loop on ROS domain {args.domain_id}; logs in '
           f'{args.out / "logs"}', flush=True)

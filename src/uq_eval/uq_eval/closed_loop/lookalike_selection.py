@@ -1,6 +1,6 @@
 """Confident look-alikes: procedural unknowns the shipped detector takes for the target.
 
-    python -m uq_eval.closed_loop.lookalike_selection                  # 600 candidates, ≈ 15 min
+    python -m uq_eval.closed_loop.lookalike_selection                  # 600 candidates, ≈ 7 min
     python -m uq_eval.closed_loop.lookalike_selection --candidates 12 --out out/selection.json
 
 The rule, applied to procedural look-alike shapes ``0 .. N-1`` of
@@ -12,9 +12,12 @@ policy that reaches for it takes), and each frame goes through the detector node
 pipeline with the shipped model and GP. A frame *reads the shape as the target* when a
 detection matches it (IoU >= 0.5) whose class is the target class with a class probability
 of at least :data:`MIN_TARGET_PROBABILITY` (the ``class_id`` and ``class_probabilities`` the
-node publishes). The shape is a *confident look-alike* when, in every one of its selection
-trials, at least :data:`MIN_FRAME_SHARE` of the frames read it so (the screen stops at the
-first trial that fails).
+node publishes). A selection trial *passes* when at least :data:`MIN_FRAME_SHARE` of its
+frames read the shape so, and the shape is a *confident look-alike* when at least
+:data:`MIN_PASSED_VIEWS` of its :data:`SELECTION_VIEWS` selection trials pass (the screen
+stops as soon as the verdict is known). Requiring every trial left a single shape of 600:
+a shape the detector takes for the target from most places is still one a policy that
+trusts the class reaches for, and the hard suite needs several of them.
 
 The shapes are chosen in trials ``SELECTION_SEED_BASE ..`` and evaluated by
 ``uq eval shared-autonomy --suite hard`` in trials from ``--seed`` on, which must stay
@@ -44,6 +47,7 @@ MIN_FRAME_SHARE = 0.8
 MATCH_IOU = 0.5
 SELECTION_SEED_BASE = 100_000
 SELECTION_VIEWS = 3
+MIN_PASSED_VIEWS = 2
 MAX_CANDIDATES = 100_000  # selection trials of view j: SELECTION_SEED_BASE + j * this + k
 DEFAULT_CANDIDATES = 600
 
@@ -60,8 +64,8 @@ def reads_as_target(class_read: str | None, target_probability: float,
 
 
 def passes_rule(frames: Sequence[bool]) -> bool:
-    """Whether the shape is a confident look-alike: at least MIN_FRAME_SHARE of its frames
-    (a frame without a matching detection counts as not read as the target) read it so.
+    """Whether one selection trial passes: at least MIN_FRAME_SHARE of its frames (a frame
+    without a matching detection counts as not read as the target) read the shape so.
 
     Raises
     ------
@@ -73,16 +77,26 @@ def passes_rule(frames: Sequence[bool]) -> bool:
     return sum(frames) >= MIN_FRAME_SHARE * len(frames) - 1e-9
 
 
+def passes_views(views: Sequence[bool]) -> bool | None:
+    """The shape's verdict from the selection trials screened so far (True: passed);
+    None while the trials left could still change it."""
+    passed = sum(views)
+    if passed >= MIN_PASSED_VIEWS:
+        return True
+    if passed + SELECTION_VIEWS - len(views) < MIN_PASSED_VIEWS:
+        return False
+    return None
+
+
 def screen_shape(shape: int, renderer: Any, perception: Any, target_class: str) -> dict:
-    """Screen shape ``shape`` in its selection trials, up to the first that fails; its row."""
-    views = []
-    for view in range(SELECTION_VIEWS):
-        views.append(screen_view(selection_seed(shape, view), shape, renderer, perception,
-                                 target_class))
-        if not views[-1]['passed']:
-            break
-    return {'shape': shape, 'family': views[0]['family'], 'views': views,
-            'passed': len(views) == SELECTION_VIEWS and views[-1]['passed']}
+    """Screen shape ``shape`` in its selection trials until its verdict is known; its row."""
+    views: list[dict] = []
+    verdict = None
+    while verdict is None:
+        views.append(screen_view(selection_seed(shape, len(views)), shape, renderer,
+                                 perception, target_class))
+        verdict = passes_views([v['passed'] for v in views])
+    return {'shape': shape, 'family': views[0]['family'], 'views': views, 'passed': verdict}
 
 
 def screen_view(seed: int, shape: int, renderer: Any, perception: Any,
@@ -146,7 +160,7 @@ def selection_report(rows: Sequence[dict], target_class: str, command: str) -> d
         'rule': {'target_class': target_class, 'reach_fractions': list(REACH_FRACTIONS),
                  'min_target_probability': MIN_TARGET_PROBABILITY,
                  'min_frame_share': MIN_FRAME_SHARE, 'match_iou': MATCH_IOU,
-                 'selection_views': SELECTION_VIEWS,
+                 'selection_views': SELECTION_VIEWS, 'min_passed_views': MIN_PASSED_VIEWS,
                  'selection_seed_base': SELECTION_SEED_BASE},
         'candidates': len(rows),
         'passed': [r['shape'] for r in rows if r['passed']],

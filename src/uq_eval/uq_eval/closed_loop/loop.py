@@ -3,10 +3,12 @@
 :class:`ClosedLoop` starts, on a private ROS domain, one process per node:
 ``sim_robot_node`` (robot, camera, task judge), ``detector_node``, ``arbitration_node``,
 ``reach_policy_node`` (autonomy), ``scripted_operator_node`` (the person) and, when its
-executable is installed, ``ask_for_help_node``; all read ``config/shared_autonomy.yaml``.
-The arbitrated ``cmd_vel`` drives the robot. :class:`LoopObserver` is the harness's own
-rclpy node: it starts trials (``reset_task``), pins levels through the override service,
-and samples the loop at ``sample_hz`` into :class:`TimelineSample` rows.
+executable is installed, ``ask_for_help_node``; the caller may add the scripted labeller
+(:data:`LABELLER`). All read ``config/shared_autonomy.yaml``, the ask-for-help node and the
+labeller on top of their own files, as the launch files start them. The arbitrated
+``cmd_vel`` drives the robot. :class:`LoopObserver` is the harness's own rclpy node: it
+starts trials (``reset_task``), pins levels through the override service, and samples the
+loop at ``sample_hz`` into :class:`TimelineSample` rows.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ from uq_common.spin_thread import SpinThread
 
 WORKSPACE = Path(__file__).resolve().parents[4]
 CONFIG = WORKSPACE / 'config' / 'shared_autonomy.yaml'
+# Nodes whose own parameter file is read before CONFIG, so the loop's sections override it.
+NODE_CONFIGS = {'ask_for_help_node': WORKSPACE / 'config' / 'ask_for_help.yaml',
+                'scripted_labeller_node': WORKSPACE / 'config' / 'scripted_labeller.yaml'}
+# Lines each node logs once it is up (ClosedLoop.wait_for_output).
+READY_LINES = {'detector_node': 'active: processing images',
+               'ask_for_help_node': 'asking for help',
+               'scripted_labeller_node': 'answering help requests'}
 
 # (name, python module); ask_for_help_node is optional (its package may not have it yet).
 NODES = (
@@ -37,6 +46,19 @@ NODES = (
     ('scripted_operator_node', 'uq_sim.scripted_operator_node'),
 )
 OPTIONAL_NODES = (('ask_for_help_node', 'uq_autonomy.ask_for_help_node'),)
+# The person who answers help requests with the ground truth; started by the harness.
+LABELLER = ('scripted_labeller_node', 'uq_sim.scripted_labeller_node')
+
+
+def help_node_args(store: Path) -> list[str]:
+    """The ask-for-help node's arguments in a harness: its labels in ``store`` and no page
+    (it must neither write the user's label store nor take the page's port)."""
+    return ['-p', f'label_store_url:={store}', '-p', 'web_enabled:=false']
+
+
+def labeller_args(answer_delay_s: float) -> list[str]:
+    """The scripted labeller's arguments: it answers after ``answer_delay_s`` seconds."""
+    return ['-p', f'answer_delay_s:={float(answer_delay_s)}']
 
 
 def _module_exists(module: str) -> bool:
@@ -56,50 +78,74 @@ class ClosedLoop:
         self.log_dir = Path(log_dir)
         self.domain_id = domain_id
         self.config = config
-        # The ask-for-help node of a harness keeps its labels with the run's logs and serves
-        # no page: it must neither write the user's label store nor take the page's port.
-        self.extra_args = {'ask_for_help_node': [
-            '-p', f'label_store_url:={self.log_dir / "labels.sqlite3"}',
-            '-p', 'web_enabled:=false'],
-            **(extra_args or {})}
+        self.extra_args = {'ask_for_help_node': help_node_args(self.log_dir / 'labels.sqlite3'),
+                           **(extra_args or {})}
         self.nodes = list(NODES) + [n for n in OPTIONAL_NODES
                                     if with_optional and _module_exists(n[1])]
         self.processes: dict[str, subprocess.Popen] = {}
         self._logs: list = []
+        # Where each node's log stood when it was last started: wait_for_output reads on.
+        self._log_offsets: dict[str, int] = {}
 
     def __enter__(self) -> ClosedLoop:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = os.environ | {'ROS_DOMAIN_ID': str(self.domain_id), 'PYTHONUNBUFFERED': '1'}
         for name, module in self.nodes:
-            self.start(name, module, env)
+            self.start(name, module)
         return self
 
     def restart(self, name: str, extra_args: list[str]) -> None:
         """Stop node ``name`` (SIGINT) and start it again with ``extra_args``."""
-        process = self.processes[name]
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=5)
+        self.stop(name)
         self.extra_args[name] = list(extra_args)
         self.start(name, dict(self.nodes)[name])
 
-    def start(self, name: str, module: str, env: dict[str, str] | None = None) -> None:
-        """Start (or restart) one node process."""
-        env = env or os.environ | {'ROS_DOMAIN_ID': str(self.domain_id)}
-        log = (self.log_dir / f'{name}.log').open('a')
+    def stop(self, name: str) -> None:
+        """Stop node ``name`` (SIGINT; SIGKILL after 10 s); it leaves :attr:`processes`, so
+        :meth:`dead` does not count it."""
+        process = self.processes.pop(name, None)
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+    def start(self, name: str, module: str) -> None:
+        """Start (or restart) one node process; a node not in :attr:`nodes` joins them."""
+        if name not in dict(self.nodes):
+            self.nodes.append((name, module))
+        # Unbuffered: wait_for_output reads the log while the node runs.
+        env = os.environ | {'ROS_DOMAIN_ID': str(self.domain_id), 'PYTHONUNBUFFERED': '1'}
+        path = self.log_dir / f'{name}.log'
+        log = path.open('a')
         self._logs.append(log)
+        self._log_offsets[name] = path.stat().st_size
         # A harness's detector starts from the shipped GP in every run: what it learns stays
         # in memory, never in the user's learnt state under the ROS home (the caller's
         # arguments, after it, may still say otherwise).
         own = ['-p', 'persist_learnt_state:=false'] if name == 'detector_node' else []
-        command = [sys.executable, '-m', module, '--ros-args', '--params-file',
+        own_file = ['--params-file', str(NODE_CONFIGS[name])] if name in NODE_CONFIGS else []
+        command = [sys.executable, '-m', module, '--ros-args', *own_file, '--params-file',
                    str(self.config), *own, *self.extra_args.get(name, [])]
         self.processes[name] = subprocess.Popen(command, env=env, stdout=log,
                                                 stderr=subprocess.STDOUT)
+
+    def wait_for_output(self, name: str, needle: str, timeout: float) -> bool:
+        """Wait until node ``name`` has logged ``needle`` since its last start; False when
+        it exits first or ``timeout`` seconds pass."""
+        path, offset = self.log_dir / f'{name}.log', self._log_offsets[name]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with path.open('rb') as log:
+                log.seek(offset)
+                if needle in log.read().decode(errors='replace'):
+                    return True
+            if self.processes[name].poll() is not None:
+                return False
+            time.sleep(0.2)
+        return False
 
     def kill(self, name: str) -> None:
         """SIGKILL one node (fault injection) and reap it."""
@@ -144,6 +190,10 @@ class TimelineSample:
     gripper_x: float
     gripper_y: float
     help_requests: int
+    # The arbitration's suspect gate: the level held at guided for a suspect driving track,
+    # and that track's score (-1 when it has none, NaN without usable perception).
+    suspect_hold: bool = False
+    track_score: float = math.nan
 
 
 class LoopObserver:
@@ -185,6 +235,7 @@ class LoopObserver:
         self._lock = threading.Lock()
         self.task: dict = {}
         self.level, self.uncertainty, self.alpha, self.stale = 0, math.nan, 0.0, True
+        self.suspect_hold, self.track_score = False, math.nan
         self.level_events: list[tuple[float, int, str]] = []
         self.help_events: list[float] = []
         self.speeds = {'operator': 0.0, 'autonomy': 0.0, 'cmd': 0.0}
@@ -227,6 +278,9 @@ class LoopObserver:
                 self.level_events.append((time.monotonic(), int(msg.level), msg.reason))
             self.level, self.uncertainty = int(msg.level), float(msg.uncertainty)
             self.alpha, self.stale = float(msg.blend_alpha), bool(msg.perception_stale)
+            # An AutonomyState from before the suspect gate has neither field.
+            self.suspect_hold = bool(getattr(msg, 'suspect_hold', False))
+            self.track_score = float(getattr(msg, 'track_score', math.nan))
 
     def _on_pose(self, msg) -> None:
         with self._lock:
@@ -251,7 +305,8 @@ class LoopObserver:
                 str(self.task.get('status', '')), float(self.task.get('elapsed_s', -1.0)),
                 self.level, self.uncertainty, self.alpha,
                 self.stale, self.speeds['operator'], self.speeds['autonomy'],
-                self.speeds['cmd'], *self.gripper, len(self.help_events)))
+                self.speeds['cmd'], *self.gripper, len(self.help_events),
+                self.suspect_hold, self.track_score))
 
     # --- control ---------------------------------------------------------------------
     def wait_for(self, predicate, timeout: float, period: float = 0.05) -> bool:

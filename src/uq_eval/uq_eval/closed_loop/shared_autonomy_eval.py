@@ -1,13 +1,20 @@
-"""``uq eval shared-autonomy``: the grasp task in closed loop, three policies, same seeds.
+"""``uq eval shared-autonomy``: the grasp task in closed loop, four policies, same seeds.
 
 The whole graph runs as separate processes over DDS on a private ROS domain
 (:class:`uq_eval.closed_loop.loop.ClosedLoop`), in real time, started once for all trials.
 For each policy the level is pinned through ``set_autonomy_override`` (teleoperation: 0;
-full autonomy: 3, blind to uncertainty; gated: released, the uncertainty decides), then
-the suite's trials are played one after another (``reset_task``), the same trials for
-every policy. The scripted operator always drives under teleoperation, never under full
-autonomy, and under gated autonomy supervises: it drives while the level it sees is at
-most shared.
+full autonomy: 3, blind to uncertainty; gated and gated_help: released, the uncertainty
+decides), then the suite's trials are played one after another (``reset_task``), the same
+trials for every policy. The scripted operator always drives under teleoperation, never
+under full autonomy, and under the gated policies supervises: it drives while the level it
+sees is at most shared.
+
+**gated_help** is gated plus the ask-for-help node and the scripted labeller, who answers
+each help request with the simulator's ground truth after ``--labeller-delay`` seconds.
+Each of its trials starts the ask-for-help node on a fresh label store (it asks as if for
+the first time), and a trial whose answers taught the detector is followed by a detector
+restart from the shipped GP: every trial, of any policy, starts from the same detector,
+and a resumed run plays the same trials as an uninterrupted one.
 
 Suites (trial ``k`` has seed ``--seed + k``):
 
@@ -21,9 +28,12 @@ Suites (trial ``k`` has seed ``--seed + k``):
   The right outcome: no motion toward a stale goal, and the trial completed afterwards.
 
 Every finished trial is appended to ``OUT/trials.jsonl`` at once; a rerun with the same
-``--out`` plays only the trials missing there. Writes ``OUT/shared_autonomy.json`` (per
-suite and policy), ``OUT/summary.md`` (one table per suite, 95 % Wilson intervals) and
-``OUT/hard_trial.png`` (one hard trial: what the gated and the full-autonomy runs did).
+``--out`` plays only the trials missing there (gated_help trials only when they were
+played with the same labeller delay). Writes ``OUT/shared_autonomy.json`` (per suite and
+policy), ``OUT/summary.md`` (one table per suite, 95 % Wilson intervals),
+``OUT/hard_trial.png`` (one hard trial: what each policy but teleoperation did) and, per
+suite in which a gated policy grasped a wrong object, ``OUT/wrong_grasps_<suite>.png``
+(those trials' level, scores and suspect gate over time).
 """
 
 from __future__ import annotations
@@ -38,15 +48,22 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NoReturn
 
-from uq_common.arguments import domain_id, non_negative_int, positive_float, positive_int
+from uq_common.arguments import (
+    domain_id,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from uq_eval.closed_loop.shared_autonomy_metrics import (
+    HELP_POLICIES,
     OPERATOR_MODE,
     PINNED_LEVEL,
     POLICIES,
-    paired_time_ratio,
     score_trial,
     stale_motion,
     summarise,
+    time_ratios,
     trial_samples,
 )
 
@@ -67,6 +84,9 @@ OPERATOR_QUIET_S = 0.5 + 0.25
 # grasped; long enough for the autonomy to reach any look-alike (about 3 s).
 ABSENT_TIMEOUT_S = 10.0
 FAULT_TIMEOUT_S = 60.0  # room for the detector's restart
+# A node's start: the detector's restart took up to 43 s on a loaded machine.
+NODE_UP_TIMEOUT_S = 120.0
+HELP_NODE = 'ask_for_help_node'
 
 
 def _one_line_errors(parser: argparse.ArgumentParser) -> None:
@@ -77,7 +97,8 @@ def _one_line_errors(parser: argparse.ArgumentParser) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Closed-loop evaluation of teleoperation, full autonomy and gated autonomy."""
+    """Closed-loop evaluation of teleoperation, full autonomy, gated autonomy and gated
+    autonomy with the ask-for-help loop."""
     _one_line_errors(parser)
     parser.add_argument('--suite', choices=(*SUITES, 'all'), default='easy',
                         help='which trials: easy, hard (confident look-alikes, target '
@@ -88,6 +109,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help='3 trials per policy (one with a look-alike), for the tests')
     parser.add_argument('--seed', type=non_negative_int, default=0, help='first trial seed')
     parser.add_argument('--policies', nargs='+', default=list(POLICIES), choices=POLICIES)
+    parser.add_argument('--labeller-delay', type=non_negative_float, default=None,
+                        help='seconds the scripted labeller takes to answer a help request '
+                             'under gated_help (default: answer_delay_s of the '
+                             'scripted_labeller_node section of config/shared_autonomy.yaml)')
     parser.add_argument('--out', type=Path, default=WORKSPACE / 'out' / 'shared_autonomy')
     parser.add_argument('--trial-timeout', type=positive_float, default=45.0, help='seconds')
     parser.add_argument('--lookalikes', type=Path, default=None,
@@ -118,7 +143,10 @@ def trial_plan(suite: str, trials: int, seed: int, shapes: list[int] | None,
         plan = []
         for k in range(trials):
             absent = k % 3 == 2
-            extra: dict[str, Any] = {'lookalike_shape': shapes[k % len(shapes)]}
+            # The look-alike trials cycle over the shapes, and so do the target-absent ones:
+            # one cycle over every trial would tie shape k % 3 to the kind k % 3 with three.
+            nth = k // 3 if absent else k - (k + 1) // 3
+            extra: dict[str, Any] = {'lookalike_shape': shapes[nth % len(shapes)]}
             if absent:
                 extra.update(target_absent=True, timeout_s=ABSENT_TIMEOUT_S)
             plan.append({'seed': seed + k, 'kind': 'target_absent' if absent
@@ -158,10 +186,33 @@ def _shapes(args: argparse.Namespace) -> list[int] | None:
     return list(load_selection(args.lookalikes or SHIPPED_SELECTION)['passed'])
 
 
+def labeller_delay(args: argparse.Namespace) -> float:
+    """The scripted labeller's answer delay of this run: ``--labeller-delay``, else the
+    loop's configuration."""
+    if args.labeller_delay is not None:
+        return args.labeller_delay
+    import yaml
+
+    from uq_eval.closed_loop.loop import CONFIG, LABELLER
+
+    config = yaml.safe_load(CONFIG.read_text(encoding='utf-8'))
+    return float(config[LABELLER[0]]['ros__parameters']['answer_delay_s'])
+
+
+def _replayed(row: dict, delay: float) -> bool:
+    """Whether a trial of the journal counts for this run: a gated_help trial only when
+    its labeller answered with this run's delay."""
+    return row['policy'] not in HELP_POLICIES or row.get('labeller_delay_s') == delay
+
+
 def run(args: argparse.Namespace) -> int:
     suites = list(SUITES) if args.suite == 'all' else [args.suite]
     if args.quick and suites != ['easy']:
         print('uq eval shared-autonomy: --quick plays the easy suite only', file=sys.stderr)
+        return 2
+    if args.labeller_delay is not None and not set(args.policies) & set(HELP_POLICIES):
+        print(f'uq eval shared-autonomy: --labeller-delay needs a policy with the labeller '
+              f'({", ".join(HELP_POLICIES)}) in --policies', file=sys.stderr)
         return 2
     try:
         shapes = _shapes(args) if 'hard' in suites else None
@@ -175,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ['ROS_DOMAIN_ID'] = str(args.domain_id)
     journal = args.out / 'trials.jsonl'
-    done = _load_done(journal)
+    delay = labeller_delay(args)
+    done = {key: row for key, row in _load_done(journal).items() if _replayed(row, delay)}
     planned = [(suite, policy, trial) for suite in suites for policy in args.policies
                for trial in plans[suite]]
     todo = [(suite, policy, trial) for suite, policy, trial in planned
@@ -184,11 +236,12 @@ def run(args: argparse.Namespace) -> int:
           f'already in {journal}; {len(todo)} to play', flush=True)
     started = time.monotonic()
     if todo:
-        with ClosedLoop(args.out / 'logs', args.domain_id) as loop:
+        # The ask-for-help node runs only under the help policies, started per trial.
+        with ClosedLoop(args.out / 'logs', args.domain_id, with_optional=False) as loop:
             observer = LoopObserver()
             try:
                 code = _play(loop, observer, todo, journal, done, len(planned) - len(todo),
-                             len(planned), started, args.trial_timeout)
+                             len(planned), started, args.trial_timeout, delay)
             finally:
                 observer.close()
             if code:
@@ -198,18 +251,71 @@ def run(args: argparse.Namespace) -> int:
     for row in results.get('faults', {}).values():
         for trial in row:
             score_fault(trial)
-    report = _report(results, args)
+    report = _report(results, args, delay)
     (args.out / 'shared_autonomy.json').write_text(json.dumps(report, indent=2))
     (args.out / 'summary.md').write_text(markdown(report))
     if 'hard' in results:
         plot_hard_trial(results['hard'], args.out / 'hard_trial.png')
+    for suite, by_policy in results.items():
+        path = args.out / f'wrong_grasps_{suite}.png'
+        if not plot_wrong_grasps(suite, by_policy, path):
+            path.unlink(missing_ok=True)  # from an earlier report of this directory
     print(markdown(report))
     return 0
 
 
+def _start_node(loop: Any, name: str, module: str, extra_args: list[str]) -> str:
+    """Start one node and wait until it is up; '' or the problem."""
+    from uq_eval.closed_loop.loop import READY_LINES
+
+    loop.extra_args[name] = extra_args
+    loop.start(name, module)
+    if loop.wait_for_output(name, READY_LINES[name], NODE_UP_TIMEOUT_S):
+        return ''
+    return f'{name} did not come up within {NODE_UP_TIMEOUT_S:.0f} s (log: ' \
+           f'{loop.log_dir / (name + ".log")})'
+
+
+def _start_help_node(loop: Any, store: Path) -> str:
+    """Start the ask-for-help node on a fresh label store ``store``; '' or the problem."""
+    from uq_eval.closed_loop.loop import OPTIONAL_NODES, help_node_args
+
+    for path in (store, store.with_name(store.name + '-wal'),
+                 store.with_name(store.name + '-shm')):
+        path.unlink(missing_ok=True)
+    store.parent.mkdir(parents=True, exist_ok=True)
+    return _start_node(loop, HELP_NODE, dict(OPTIONAL_NODES)[HELP_NODE], help_node_args(store))
+
+
+def _stored_labels(store: Path) -> list[tuple[float, str]]:
+    """(commit time, label) of each answer in a label store."""
+    from uq_autonomy.labels.store import LabelStore
+
+    if not store.exists():
+        return []
+    with LabelStore(store, readonly=True) as labels:
+        return [(record.time, record.label) for record in labels.labels()]
+
+
+def _switch_policy(loop: Any, observer: Any, policy: str, before: str | None,
+                   delay: float) -> str:
+    """Operator mode, pinned level and labeller of ``policy``; '' or the problem."""
+    from uq_eval.closed_loop.loop import LABELLER, labeller_args
+
+    if before in HELP_POLICIES and policy not in HELP_POLICIES:
+        loop.stop(LABELLER[0])
+    loop.restart('scripted_operator_node', ['-p', f'mode:={OPERATOR_MODE[policy]}'])
+    level = PINNED_LEVEL[policy]
+    if not observer.set_level(-1 if level is None else level):
+        return f'override for {policy} refused'
+    if policy in HELP_POLICIES and before not in HELP_POLICIES:
+        return _start_node(loop, *LABELLER, labeller_args(delay))
+    return ''
+
+
 def _play(loop: Any, observer: Any, todo: list, journal: Path, done: dict, done_before: int,
-          total: int, started: float, trial_timeout: float) -> int:
-    from uq_eval.closed_loop.loop import run_trial
+          total: int, started: float, trial_timeout: float, delay: float) -> int:
+    from uq_eval.closed_loop.loop import READY_LINES, run_trial
 
     if not observer.wait_until_ready(180.0):
         print(f'uq eval shared-autonomy: the loop did not come up (dead: {loop.dead()}); '
@@ -220,13 +326,18 @@ def _play(loop: Any, observer: Any, todo: list, journal: Path, done: dict, done_
     with journal.open('a') as out:
         for suite, policy, trial in todo:
             if policy != policy_now:
-                loop.restart('scripted_operator_node', ['-p', f'mode:={OPERATOR_MODE[policy]}'])
-                level = PINNED_LEVEL[policy]
-                if not observer.set_level(-1 if level is None else level):
-                    print(f'uq eval shared-autonomy: override for {policy} refused',
-                          file=sys.stderr)
+                problem = _switch_policy(loop, observer, policy, policy_now, delay)
+                if problem:
+                    print(f'uq eval shared-autonomy: {problem}', file=sys.stderr)
                     return 1
                 policy_now = policy
+            store = None
+            if policy in HELP_POLICIES:
+                store = loop.log_dir / 'labels' / f"{suite}_{trial['seed']}.sqlite3"
+                problem = _start_help_node(loop, store)
+                if problem:
+                    print(f'uq eval shared-autonomy: {problem}', file=sys.stderr)
+                    return 1
             if loop.dead():
                 print(f'uq eval shared-autonomy: nodes died: {loop.dead()}', file=sys.stderr)
                 return 1
@@ -235,9 +346,26 @@ def _play(loop: Any, observer: Any, todo: list, journal: Path, done: dict, done_
             state, samples = run_trial(
                 observer, trial['seed'], trial['lookalike'], extra['timeout_s'], extra,
                 None if fault is None else (FAULT_AT_S, _injector(loop, observer, fault)))
+            ended = time.time()  # the label store's clock
             row = score_trial(state, samples, _DEADBAND)
             row.update(suite=suite, policy=policy, kind=trial['kind'],
                        lookalike_shape=trial['extra'].get('lookalike_shape'))
+            if store is not None:
+                # Stopped first, so that no answer reaches the detector after the count.
+                loop.stop(HELP_NODE)
+                labels = _stored_labels(store)
+                answered = [label for at, label in labels if at <= ended]
+                row.update(labeller_delay_s=delay, help_answered=len(answered),
+                           help_answers=answered)
+                if labels:
+                    # The detector learnt them: the next trial must start from the shipped GP.
+                    loop.restart('detector_node', loop.extra_args.get('detector_node', []))
+                    if not loop.wait_for_output('detector_node', READY_LINES['detector_node'],
+                                                NODE_UP_TIMEOUT_S):
+                        print(f'uq eval shared-autonomy: the detector did not come back after '
+                              f'the labels of {suite} trial {trial["seed"]} (log: '
+                              f'{loop.log_dir / "detector_node.log"})', file=sys.stderr)
+                        return 1
             if fault is not None:
                 row['fault'] = fault
                 running = trial_samples(samples, state)
@@ -262,11 +390,13 @@ def _play(loop: Any, observer: Any, todo: list, journal: Path, done: dict, done_
             remaining = len(todo) - played
             stale = f", stale motion {row['stale_motion_m'] * 1000:.0f} mm" \
                 if 'stale_motion_m' in row else ''
+            helped = f", {row['help_requests']} help requests ({row['help_answered']} " \
+                f"answered: {', '.join(row['help_answers']) or '-'})" if store else ''
             print(f"[{done_before + played}/{total}, about {remaining * rate_s / 60:.0f} min left] "
                   f"{suite} {policy} seed {trial['seed']} ({trial['kind']}): {row['status']} "
                   f"(grasped {row['grasped']}) in {row['time_s']:.1f} s, operator share "
-                  f"{row['operator_share']:.2f}, {row['level_changes']} level changes{stale}",
-                  flush=True)
+                  f"{row['operator_share']:.2f}, {row['level_changes']} level changes{stale}"
+                  f"{helped}", flush=True)
     return 0
 
 
@@ -315,29 +445,35 @@ def _compact(samples: list, state: dict) -> dict:
             'operator_speed': [round(s.operator_speed, 3) for s in running],
             'autonomy_speed': [round(s.autonomy_speed, 3) for s in running],
             'gripper': [[finite(s.gripper_x), finite(s.gripper_y)] for s in running],
+            'suspect_hold': [bool(s.suspect_hold) for s in running],
+            # None where the driving detection has no track score (-1) or there is none.
+            'track_score': [finite(s.track_score) if s.track_score >= 0 else None
+                            for s in running],
+            'help_requests': [s.help_requests - running[0].help_requests for s in running],
             'objects': [{k: o.get(k) for k in ('name', 'class', 'x', 'y')}
                         for o in state.get('objects', []) if isinstance(o, dict)]}
 
 
-def _report(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace) -> dict:
-    suites: dict[str, Any] = {}
-    for suite, by_policy in results.items():
-        policies = {policy: summarise(rows) for policy, rows in by_policy.items()}
-        ratios = {}
-        if 'gated' in by_policy:
-            for other in ('teleoperation', 'full_autonomy'):
-                if other in by_policy:
-                    ratios[f'gated_over_{other}'] = paired_time_ratio(by_policy['gated'],
-                                                                      by_policy[other])
-        suites[suite] = {'policies': policies, 'time_ratios': ratios}
+def _report(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace,
+            delay: float) -> dict:
+    suites = {suite: {'policies': {policy: summarise(rows) for policy, rows in by_policy.items()},
+                      'time_ratios': time_ratios(by_policy)}
+              for suite, by_policy in results.items()}
     command = 'uq eval shared-autonomy ' + (
         '--quick' if args.quick else f'--suite {args.suite} --trials {args.trials}')
     if args.seed:
         command += f' --seed {args.seed}'
+    if list(args.policies) != list(POLICIES):
+        command += ' --policies ' + ' '.join(args.policies)
+    if args.labeller_delay is not None:
+        command += f' --labeller-delay {args.labeller_delay:g}'
     trials = {suite: {policy: [{k: v for k, v in row.items() if k != 'timeline'}
                                for row in rows] for policy, rows in by_policy.items()}
               for suite, by_policy in results.items()}
-    return {'command': command, 'suites': suites, 'trials': trials}
+    report = {'command': command, 'suites': suites, 'trials': trials}
+    if set(args.policies) & set(HELP_POLICIES):
+        report['labeller_delay_s'] = delay
+    return report
 
 
 def _fmt(value: Any, pattern: str) -> str:
@@ -359,16 +495,24 @@ def markdown(report: dict) -> str:
         faults = suite == 'faults'
         lines += ['', f'**{suite}**', '',
                   '| policy | success | wrong grasps | timeouts | time to grasp (s) | '
-                  'operator share | level changes / trial |'
+                  'operator share | level changes / trial | help requests (answered) / trial |'
                   + (' moved toward a stale goal |' if faults else ''),
-                  '|---|---|---|---|---|---|---|' + ('---|' if faults else '')]
+                  '|---|---|---|---|---|---|---|---|' + ('---|' if faults else '')]
         for policy, s in body['policies'].items():
             lines.append(
                 f"| {policy} | {_rate_cell(s['success'])} | {_rate_cell(s['wrong_grasps'])} | "
                 f"{_rate_cell(s['timeouts'])} | {_fmt(s['mean_time_s'], '{:.1f}')} | "
                 f"{_fmt(s['operator_share'], '{:.2f}')} | "
-                f"{_fmt(s['level_changes_per_trial'], '{:.1f}')} |"
+                f"{_fmt(s['level_changes_per_trial'], '{:.1f}')} | "
+                f"{_fmt(s['help_requests_per_trial'], '{:.1f}')} "
+                f"({_fmt(s['help_answered_per_trial'], '{:.1f}')}) |"
                 + (f" {_rate_cell(s['moved_toward_stale_goal'])} |" if faults else ''))
+        held = {policy: s['suspect_hold_share'] for policy, s in body['policies'].items()
+                if s['suspect_hold_share'] > 0}
+        if held:
+            lines.append('\nShare of the time the suspect gate held the level at guided: '
+                         + ', '.join(f'{policy} {100 * share:.0f} %'
+                                     for policy, share in held.items()))
         for key, ratio in body['time_ratios'].items():
             label = key.replace('_over_', ' / ').replace('_', ' ')
             lines.append(f"\nMean time to grasp, {label}, on the {ratio['pairs']} trials "
@@ -383,16 +527,26 @@ def markdown(report: dict) -> str:
     return '\n'.join(lines) + '\n'
 
 
-def _hard_example(by_policy: dict[str, list[dict]]) -> tuple[dict, dict | None] | None:
-    """A confident look-alike trial that gated completed and full autonomy got wrong
-    (else the first gated confident look-alike trial)."""
-    gated = [r for r in by_policy.get('gated', []) if r.get('kind') == 'confident_lookalike']
-    full = {r['seed']: r for r in by_policy.get('full_autonomy', [])}
-    for row in gated:
-        other = full.get(row['seed'])
-        if row['success'] and other is not None and other.get('wrong_grasp'):
-            return row, other
-    return (gated[0], full.get(gated[0]['seed'])) if gated else None
+GATED_POLICIES = tuple(p for p in POLICIES if PINNED_LEVEL[p] is None)
+# Line style per policy in the plots.
+STYLES = {'full_autonomy': '--', 'gated': '-', 'gated_help': ':'}
+
+
+def _hard_example(by_policy: dict[str, list[dict]]) -> dict[str, dict] | None:
+    """One confident look-alike trial, by policy (teleoperation left out): the first that a
+    gated policy completed and full autonomy got wrong, else the first one played."""
+    played = {policy: {r['seed']: r for r in rows if r.get('kind') == 'confident_lookalike'}
+              for policy, rows in by_policy.items() if policy in STYLES}
+    seeds = sorted({seed for rows in played.values() for seed in rows})
+    full = played.get('full_autonomy', {})
+
+    def gate_paid(seed: int) -> bool:
+        return seed in full and full[seed].get('wrong_grasp') and any(
+            played.get(p, {}).get(seed, {}).get('success') for p in GATED_POLICIES)
+    seed = next((seed for seed in seeds if gate_paid(seed)), seeds[0] if seeds else None)
+    if seed is None:
+        return None
+    return {policy: rows[seed] for policy, rows in played.items() if seed in rows}
 
 
 def plot_hard_trial(by_policy: dict[str, list[dict]], path: Path) -> bool:
@@ -404,43 +558,104 @@ def plot_hard_trial(by_policy: dict[str, list[dict]], path: Path) -> bool:
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
-    gated, full = example
     fig, axes = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
-    objects = {o['name']: o for o in gated['timeline']['objects']}
+    first = next(iter(example.values()))
+    objects = {o['name']: o for o in first['timeline']['objects']}
 
     def distance_to(row: dict, name: str) -> list[float]:
         o = objects[name]
         return [math.nan if None in g else math.hypot(g[0] - o['x'], g[1] - o['y'])
                 for g in row['timeline']['gripper']]
-    for row, style in ((gated, '-'), (full, '--')):
-        if row is None:
-            continue
+    for policy, row in example.items():
         t = row['timeline']['t']
         for name, colour in (('target', 'tab:green'), ('lookalike', 'tab:red')):
             if name in objects:
-                axes[0].plot(t, distance_to(row, name), style, color=colour,
-                             label=f"{row['policy']}: to the {name}")
+                axes[0].plot(t, distance_to(row, name), STYLES[policy], color=colour,
+                             label=f'{policy}: to the {name}')
+        if policy in GATED_POLICIES:
+            axes[1].plot(t, [math.nan if u is None else u
+                             for u in row['timeline']['uncertainty']],
+                         STYLES[policy], color='tab:red', label=policy)
+        axes[2].step(t, row['timeline']['level'], STYLES[policy], where='post',
+                     label=f'{policy} level')
     axes[0].set_ylabel('gripper distance (m)')
     axes[0].legend(fontsize=7)
-    t = gated['timeline']['t']
-    axes[1].plot(t, [math.nan if u is None else u for u in gated['timeline']['uncertainty']],
-                 color='tab:red')
     axes[1].set_ylabel('calibrated score\n(autonomy target)')
-    axes[2].step(t, gated['timeline']['level'], where='post', label='gated level')
-    if full is not None:
-        axes[2].step(full['timeline']['t'], full['timeline']['level'], '--', where='post',
-                     label='full autonomy level')
+    axes[1].legend(fontsize=7)
     axes[2].set_ylabel('level')
     axes[2].set_yticks([0, 1, 2, 3])
     axes[2].legend(fontsize=7)
     axes[2].set_xlabel('time since trial start (s)')
-    title = (f"hard trial {gated['seed']} (look-alike shape {gated['lookalike_shape']}): "
-             f"gated {gated['status']} ({gated['grasped']})")
-    if full is not None:
-        title += f", full autonomy {full['status']} ({full['grasped']})"
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(f"hard trial {first['seed']} (look-alike shape {first['lookalike_shape']}): "
+                 + ', '.join(f"{policy} {row['status']} ({row['grasped']})"
+                             for policy, row in example.items()), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def plot_wrong_grasps(suite: str, by_policy: dict[str, list[dict]], path: Path) -> bool:
+    """The trials of one suite in which a gated policy grasped a wrong object: one row per
+    seed, one column per gated policy (its run of that seed, whatever its outcome), each
+    with the level, the calibrated score and track score of the driving detection, the
+    suspect gate's holds (shaded) and the help requests (dotted); False when there is none."""
+    columns = [p for p in GATED_POLICIES if p in by_policy]
+    runs = {p: {r['seed']: r for r in by_policy[p]} for p in columns}
+    seeds = sorted({seed for p in columns for seed, r in runs[p].items()
+                    if r.get('wrong_grasp')})
+    if not seeds:
+        return False
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(seeds), len(columns), figsize=(6 * len(columns),
+                                                                2.4 * len(seeds)),
+                             squeeze=False)
+    legend = True  # on the first drawn cell
+    for row_axes, seed in zip(axes, seeds, strict=True):
+        for ax, policy in zip(row_axes, columns, strict=True):
+            row = runs[policy].get(seed)
+            if row is None:
+                ax.set_axis_off()
+                continue
+            timeline = row['timeline']
+            t = timeline['t']
+            ax.step(t, timeline['level'], where='post', color='k', label='level')
+            ax.set_ylim(-0.2, 3.2)
+            ax.set_yticks([0, 1, 2, 3])
+            ax.set_ylabel('level')
+            # Older journals have no suspect or track-score columns.
+            held = timeline.get('suspect_hold', [])
+            for a, b, hold in zip(t, t[1:], held, strict=False):
+                if hold:
+                    ax.axvspan(a, b, color='tab:orange', alpha=0.25, lw=0)
+            requests = timeline.get('help_requests', [])
+            for a, before, after in zip(t[1:], requests, requests[1:], strict=False):
+                if after > before:
+                    ax.axvline(a, color='tab:purple', ls=':', lw=1.2)
+            scores = ax.twinx()
+            scores.plot(t, [math.nan if u is None else u for u in timeline['uncertainty']],
+                        color='tab:red', lw=1, label='calibrated score')
+            scores.plot(t, [math.nan if u is None else u
+                            for u in timeline.get('track_score', [None] * len(t))],
+                        color='tab:blue', lw=1, label='track score')
+            scores.set_ylim(0, 1.02)
+            scores.set_ylabel('score')
+            ax.set_title(f"{policy}, trial {seed} ({row.get('kind')}, shape "
+                         f"{row.get('lookalike_shape')}): {row['status']} "
+                         f"({row['grasped']}), {row.get('help_requests', 0)} help requests",
+                         fontsize=8)
+            if legend:
+                ax.legend(loc='upper left', fontsize=7)
+                scores.legend(loc='upper right', fontsize=7)
+                legend = False
+    for ax in axes[-1]:
+        ax.set_xlabel('time since trial start (s); shaded: suspect hold, dotted: help request')
+    fig.suptitle(f'{suite}: trials in which a gated policy grasped a wrong object', fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
     plt.close(fig)
     return True
 

@@ -11,6 +11,10 @@ Per trial, from the final task state and the sampled timeline:
   the robot: 1 at teleoperation and guided, ``1 - blend_alpha`` at shared, and at
   assistance 1 while the operator's command is above the dead-band (takeover), else 0;
 - **level changes**: the number of level transitions while the trial ran;
+- **help requests**: the ask-for-help node's requests while the trial ran (the harness adds
+  how many of them the scripted labeller had answered by the trial's end);
+- **suspect hold share**: the share of the trial's samples in which the arbitration held
+  the level at guided because the driving track was suspect;
 - **stale motion** (fault trials): the gripper's path, in metres, while perception was
   stale and the operator had given no command for the robot's command timeout and braking,
   from a braking allowance after the arbitration first reported stale perception until it
@@ -28,12 +32,14 @@ from typing import Any
 
 import numpy as np
 
-POLICIES = ('teleoperation', 'full_autonomy', 'gated')
+POLICIES = ('teleoperation', 'full_autonomy', 'gated', 'gated_help')
 # Level pinned through set_autonomy_override for each policy; None leaves it to the signal.
-PINNED_LEVEL = {'teleoperation': 0, 'full_autonomy': 3, 'gated': None}
+PINNED_LEVEL = {'teleoperation': 0, 'full_autonomy': 3, 'gated': None, 'gated_help': None}
 # The scripted operator's mode per policy: under full autonomy nobody supervises.
 OPERATOR_MODE = {'teleoperation': 'teleoperation', 'full_autonomy': 'hands_off',
-                 'gated': 'supervise'}
+                 'gated': 'supervise', 'gated_help': 'supervise'}
+# Policies that run the ask-for-help node with a scripted labeller answering it.
+HELP_POLICIES = ('gated_help',)
 # Gripper path (m) above which a fault trial counts as having moved toward a stale goal:
 # well above the pose noise of a gripper at rest (zero) and the last command's coasting.
 STALE_MOTION_M = 0.005
@@ -142,6 +148,8 @@ def score_trial(state: dict, samples: Sequence, deadband: float) -> dict:
         'level_changes': int(sum(a != b for a, b in zip(levels, levels[1:], strict=False))),
         'max_level': max(levels) if levels else 0,
         'help_requests': (running[-1].help_requests - running[0].help_requests) if running else 0,
+        'suspect_hold_share': (float(np.mean([s.suspect_hold for s in running]))
+                               if running else math.nan),
     }
 
 
@@ -167,6 +175,9 @@ def summarise(rows: Sequence[dict]) -> dict:
         'mean_time_s': _mean([r['time_s'] for r in grasps]),
         'operator_share': _mean([r['operator_share'] for r in rows]),
         'level_changes_per_trial': _mean([float(r['level_changes']) for r in rows]),
+        'help_requests_per_trial': _mean([float(r.get('help_requests', 0)) for r in rows]),
+        'help_answered_per_trial': _mean([float(r.get('help_answered', 0)) for r in rows]),
+        'suspect_hold_share': _mean([r.get('suspect_hold_share', math.nan) for r in rows]),
         'failures': {s: sum(r['status'] == s for r in rows)
                      for s in sorted({r['status'] for r in rows if not r['success']})},
     }
@@ -198,3 +209,17 @@ def paired_time_ratio(rows_a: Sequence[dict], rows_b: Sequence[dict]) -> dict:
     ta, tb = np.mean([p[0] for p in pairs]), np.mean([p[1] for p in pairs])
     return {'pairs': len(pairs), 'mean_a_s': float(ta), 'mean_b_s': float(tb),
             'ratio': float(ta / tb)}
+
+
+def time_ratios(by_policy: dict[str, Sequence[dict]]) -> dict[str, dict]:
+    """Paired time ratios of each policy that the uncertainty drives over every policy
+    before it in :data:`POLICIES` (``gated_help_over_gated``, ...), of those played."""
+    ratios = {}
+    for i, policy in enumerate(POLICIES):
+        if PINNED_LEVEL[policy] is not None or policy not in by_policy:
+            continue
+        for other in POLICIES[:i]:
+            if other in by_policy:
+                ratios[f'{policy}_over_{other}'] = paired_time_ratio(by_policy[policy],
+                                                                     by_policy[other])
+    return ratios
