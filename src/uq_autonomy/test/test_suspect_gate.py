@@ -213,3 +213,15 @@ def test_a_track_score_outside_its_range_makes_the_frame_invalid():
         assert not verdict.usable and 'track_score' in verdict.reason
     assert assess_frame([detection(0.5, -1.0)], 1, config).usable
     assert not assess_frame([detection(0.5, 0.5, views=-1)], 1, config).usable
+
+
+def test_a_perception_outage_forgets_suspect_tracks():
+    """A restarted detector reuses track ids: after an outage, the id of a suspect object
+    may be another object's."""
+    arb = arbiter()
+    t, _ = _climb(arb, 0.0, [detection(0.5, 0.9)] * 6)
+    assert arb.step(t).state.suspect_hold
+    t += 2.0  # no frame for longer than the perception deadline
+    assert arb.step(t).state.perception_stale
+    t, level = _climb(arb, t, [detection(0.5, 0.3, views=4)] * 6)
+    assert level is Level.ASSISTANCE

@@ -255,7 +255,7 @@ def test_a_new_config_keeps_the_evidence_within_its_bounds():
 
 
 @pytest.mark.parametrize('name, value', [
-    ('view_change', 0.0), ('view_change', -0.1), ('view_change', math.nan),
+    ('view_change', -0.1), ('view_change', math.nan),
     ('view_change', math.inf), ('view_change', '0.1'), ('max_views', 0), ('max_views', 2.0),
     ('max_views', True), ('memory_s', -1.0), ('memory_s', math.inf), ('reform_iou', 0.0),
     ('reform_iou', 1.5), ('reform_cosine', 0.0), ('reform_cosine', 1.01),
@@ -299,3 +299,13 @@ def test_invalid_frames_are_refused_and_change_nothing(bad):
     assert evidence.state(4).views == 1 and evidence.state(5) is None
     with pytest.raises(ValueError, match='finite'):
         evidence.label(np.array([math.nan, 0.0, 0.0, 0.0]), 'teapot')
+
+
+def test_view_change_zero_counts_every_frame():
+    """A fixed camera: the box stays, the look changes; every frame is a view."""
+    evidence = TrackEvidence(TrackEvidenceConfig(view_change=0.0))
+    scores = [0.2, 0.9, 0.5]
+    for i, score in enumerate(scores):
+        out = evidence.update(float(i), [1], [0], [(50.0, 50.0, 20.0, 20.0)], [score])
+    assert out.views[0] == 3
+    assert out.score[0] == pytest.approx(sum(scores) / 3)

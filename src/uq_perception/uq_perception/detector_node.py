@@ -257,8 +257,9 @@ PARAMETERS = [
     ParameterSpec('track_view_change', 0.1,
                   'A frame is a new view of its track (counted in Uncertainty.track_score) '
                   'when its box moved by this share of the last counted view\'s diagonal, or '
-                  'its area changed by this much in log ratio (uq_perception/track_evidence.py).',
-                  min_value=0.001, max_value=10.0),
+                  'its area changed by this much in log ratio (uq_perception/track_evidence.py); '
+                  '0: every frame is a view (a fixed camera).',
+                  min_value=0.0, max_value=10.0),
     ParameterSpec('track_max_views', 64,
                   'Most recent views of a track whose calibrated scores track_score averages.',
                   min_value=1, max_value=10_000),

@@ -56,7 +56,8 @@ class TrackEvidenceConfig:
     ----------
     view_change
         Smallest :func:`box_change` from the last counted view that makes a frame a new
-        view, > 0 (0.1: a tenth of the box's diagonal, or about 10 % of its area).
+        view, >= 0 (0.1: a tenth of the box's diagonal, or about 10 % of its area; 0: every
+        frame is a view, for a fixed camera whose objects change in look, not in box).
     max_views
         Most recent counted views the mean runs over, >= 1.
     memory_s
@@ -85,7 +86,7 @@ class TrackEvidenceConfig:
 
     def __post_init__(self) -> None:
         for name, interval, inside in (
-                ('view_change', '> 0', lambda v: v > 0.0),
+                ('view_change', '>= 0', lambda v: v >= 0.0),
                 ('memory_s', '>= 0', lambda v: v >= 0.0),
                 ('reform_iou', 'in (0, 1]', lambda v: 0.0 < v <= 1.0),
                 ('reform_cosine', 'in (0, 1]', lambda v: 0.0 < v <= 1.0)):

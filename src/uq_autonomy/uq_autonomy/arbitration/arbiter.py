@@ -38,7 +38,8 @@ views says unfamiliar, :mod:`uq_autonomy.arbitration.suspect`), the level is at 
 guided: a higher level steps down to guided at once, and no climb goes past it, whatever
 the frame's own score, until the track is confirmed familiar or labelled as the target.
 ``suspect_hold`` reports the cap when it holds back a level the signal alone would give.
-A manual override outranks the cap (the operator chose the level).
+A manual override outranks the cap (the operator chose the level). A perception outage
+forgets the suspect tracks.
 
 Fail-safe: when perception is unusable (no valid ``DetectionArray`` within the deadline, an
 invalid one -- any bad field, stamp or size, see :func:`assess_frame` -- none holding the
@@ -584,6 +585,10 @@ class Arbiter:
             note = 'manual override expired'
         usable, why = self._perception_verdict(now)
         if not usable:
+            # A detector restarted during the outage numbers its tracks anew, so a suspect
+            # id would pass to another object; a suspect object that comes back is marked
+            # again by the evidence its detector kept.
+            self._gate.reset()
             self._remember_outage()
             self._up_since = self._restore_since = None
             target, reason = Level.TELEOPERATION, why
