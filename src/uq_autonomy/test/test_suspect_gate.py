@@ -176,11 +176,15 @@ def test_suspect_hold_reports_the_level_held_back_and_the_label_lifts_it():
     assert level is Level.ASSISTANCE and not arb.step(t).state.suspect_hold
 
 
-def test_a_label_of_another_class_keeps_it_capped():
+def test_a_label_of_another_class_keeps_it_capped_however_familiar_it_then_looks():
     arb = arbiter()
     t, _ = _climb(arb, 0.0, [detection(0.5, 0.9)] * 6)
-    t, level = _climb(arb, t, [detection(0.5, 0.9, labelled=True, class_id='mug')] * 5)
+    # The detector has learnt the object: familiar from every (moving) view from now on.
+    frames = [detection(0.1, 0.1, labelled=True, class_id='mug', x=100.0 + 15 * i)
+              for i in range(3 * GATE.confirm_frames)]
+    t, level = _climb(arb, t, frames)
     assert level is Level.GUIDED
+    assert 'not the target' in arb.step(t).state.reason
 
 
 def test_confirmed_from_moving_views_the_level_climbs():

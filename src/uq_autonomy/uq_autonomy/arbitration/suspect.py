@@ -17,8 +17,9 @@ detection:
   still in front of a familiar-looking side cannot confirm it;
 * or until it is **labelled as the target**: the detector marks a detection
   ``track_labelled`` when a person labelled its object with the class the detection now has;
-  with ``target_class`` set, only that class lifts the cap (a label naming another class
-  means the object is not the target, and the autonomy retargets).
+  with ``target_class`` set, only that class lifts the cap. A label naming another class
+  says the object is not the target: the track stays capped for good, however familiar the
+  detector now finds it (it has just learnt it), while the autonomy retargets.
 
 While the driving track is suspect the level is at most guided (the operator drives; the
 autonomy's proposal is shown). The threshold is fixed on known objects: a high quantile of
@@ -83,6 +84,7 @@ def view_change(a: tuple[float, float, float, float], b: tuple[float, float, flo
 class _Track:
     suspect: bool = False
     cleared: str = ''  # why the track may drive above guided: 'confirmed' or 'labelled'
+    not_target: str = ''  # the class a person named, when it is not the target
     confirmations: int = 0
     last_confirming_box: tuple[float, float, float, float] | None = None
 
@@ -113,9 +115,15 @@ class SuspectGate:
             while len(self._tracks) > MAX_TRACKS:
                 self._tracks.popitem(last=False)
         self._tracks.move_to_end(det.track_id)
-        if det.track_labelled and (not target_class or det.class_id == target_class):
-            track.suspect, track.cleared = False, 'labelled'
-            return NOT_SUSPECT
+        if det.track_labelled:
+            if not target_class or det.class_id == target_class:
+                track.suspect, track.cleared, track.not_target = False, 'labelled', ''
+                return NOT_SUSPECT
+            track.not_target = det.class_id
+        if track.not_target:
+            return SuspectVerdict(True, det.track_id, (
+                f'not the target: track {det.track_id} was labelled {track.not_target!r}, '
+                f'not {target_class!r}; held at guided'))
         if track.cleared == 'labelled':
             return NOT_SUSPECT
         score = det.track_score
