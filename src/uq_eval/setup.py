@@ -30,6 +30,7 @@ setup(
             'gp.fit = uq_eval.gp.commands:gp_fit',
             'gp.diagnose = uq_eval.gp.commands:gp_diagnose',
             'eval.duplicates = uq_eval.detector.commands:eval_duplicates',
+            'eval.tracks = uq_eval.detector.commands:eval_tracks',
             'eval.bag = uq_eval.bags.commands:eval_bag',
             'eval.shared-autonomy = uq_eval.closed_loop.commands:eval_shared_autonomy',
             'eval.help = uq_eval.closed_loop.commands:eval_help',

@@ -148,7 +148,7 @@ class SuspectConfig:
     """
 
     enabled: bool = True
-    threshold: float = 0.75
+    threshold: float = 0.91
     min_views: int = 3
     confirm_frames: int = 5
     confirm_view_change: float = 0.1
