@@ -9,7 +9,7 @@ ENV := source scripts/env.sh &&
 # workspace's PATH (.venv/bin, the nodes' lib folders) is appended back after the kit's.
 LAUNCH_KIT := $(if $(UQ_LAUNCH_KIT),_uq_path="$$PATH" && source $(UQ_LAUNCH_KIT)/bin/activate && export PATH="$$PATH:$$_uq_path" && source install/setup.bash &&,)
 
-.PHONY: setup demo test clean laplace
+.PHONY: setup demo test clean laplace mutation
 
 setup:
 	@bash scripts/setup.sh
@@ -39,6 +39,13 @@ test: setup
 laplace: setup
 	@$(ENV) python -m pip install -q --no-deps -c requirements/constraints.txt -r requirements/laplace.txt \
 		&& python -c 'import laplace; from importlib.metadata import version; print("laplace-torch", version("laplace-torch"), "installed")'
+
+# Mutation testing of ROS-free modules with their own tests (docs/testing.md, "Mutation
+# testing"); never part of `make test`. MODULES: source files under src/; TESTS: test files to
+# run instead of the module's own (scripts/mutation_tests.txt, else those that import it).
+# Installs the pinned mutmut on first use (requirements/mutation.in).
+mutation:
+	@$(ENV) python scripts/mutation.py $(if $(TESTS),--tests $(TESTS)) $(MODULES)
 
 clean:
 	rm -rf build install log .venv out

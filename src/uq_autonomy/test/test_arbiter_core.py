@@ -22,18 +22,18 @@ from uq_autonomy.arbitration.config import (
     model_range_problem,
     signal_problem,
 )
-from uq_autonomy.arbitration.params import (
-    PARAMETERS,
-    config_from_values,
-    default_values,
-    load_parameters_file,
-)
 from uq_autonomy.arbitration.frame_validity import (
     DetectionSummary,
     UncertaintyValues,
     assess_frame,
     future_stamp_problem,
     stamp_problem,
+)
+from uq_autonomy.arbitration.params import (
+    PARAMETERS,
+    config_from_values,
+    default_values,
+    load_parameters_file,
 )
 
 REPO = Path(__file__).resolve().parents[3]
@@ -276,7 +276,7 @@ def test_nearest_center_picks_the_least_squared_distance_ties_to_the_more_uncert
         if count > 1 and rng.random() < 0.3:  # an exact tie in distance: mirrored about x
             xs[1], ys[1] = width - xs[0], ys[0]
         us = np.round(rng.uniform(0.0, 3.0, count), 3)
-        frame = [det(float(u), x=float(x), y=float(y)) for x, y, u in zip(xs, ys, us)]
+        frame = [det(float(u), x=float(x), y=float(y)) for x, y, u in zip(xs, ys, us, strict=True)]
         chosen = assess_frame(frame, 2, cfg)
         dist = (xs - width / 2) ** 2 + (ys - height / 2) ** 2
         nearest = np.flatnonzero(dist == dist.min())

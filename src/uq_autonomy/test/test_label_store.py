@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from uq_autonomy.labels import store as ls
 from uq_autonomy.help.crops import encode_png, png_size
+from uq_autonomy.labels import store as ls
 from uq_autonomy.labels.store import (
     SCHEMA_VERSION,
     AnswerStatus,

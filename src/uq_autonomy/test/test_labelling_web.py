@@ -122,8 +122,11 @@ def test_page_and_request_list(store: LabelStore) -> None:
                      'candidates': [{'label': 'mug', 'probability': 0.62},
                                     {'label': 'box', 'probability': 0.21}],
                      'created': first['created'], 'class_name': 'mug', 'track_id': 3,
-                     'robot_id': '', 'crop_url': '/api/requests/r1/crop.png'}
+                     'robot_id': '', 'crop_url': '/api/requests/r1/crop.png',
+                     'box': [4.0, 3.0, 20.0, 15.0]}
     assert second['crop_url'] is None
+    store.add_request(pending('r3', box=None))
+    assert c.get('/api/requests').json()['requests'][2]['box'] is None
     crop = c.get('/api/requests/r1/crop.png')
     assert crop.headers['content-type'] == 'image/png'
     assert crop.content == encode_png(crop_pixels())
@@ -377,6 +380,60 @@ def test_browser_labels_a_pending_request(browser: object, store: LabelStore) ->
             assert store.get_label('req-2').label == 'tea pot'
             page.locator('[data-testid=empty]').wait_for(state='visible')
             assert store.pending_requests() == []
+        finally:
+            page.close()
+
+
+# The box's outline in page pixels against where the displayed image puts those crop pixels
+# (object-fit: contain: scaled by the smaller ratio, centred), read in the browser.
+_OUTLINE_GEOMETRY = """([img, rect]) => {
+  const i = img.getBoundingClientRect(), r = rect.getBoundingClientRect();
+  const scale = Math.min(i.width / img.naturalWidth, i.height / img.naturalHeight);
+  return {img: [i.left, i.top, i.width, i.height], scale: scale,
+          shown: [i.left + (i.width - img.naturalWidth * scale) / 2,
+                  i.top + (i.height - img.naturalHeight * scale) / 2],
+          outline: [r.left, r.top, r.width, r.height],
+          visible: getComputedStyle(rect).visibility === 'visible'};
+}"""
+
+
+@pytest.mark.parametrize(('crop_hw', 'box'), [
+    ((24, 32), (4.0, 3.0, 20.0, 15.0)),      # wider than tall: fills the card's width
+    ((64, 16), (2.0, 40.0, 12.0, 20.0)),     # taller than the 16rem limit: bars at the sides
+    ((30, 30), (0.0, 0.0, 30.0, 30.0)),      # the whole crop
+])
+def test_browser_outlines_the_objects_box_on_the_crop(browser: object, store: LabelStore,
+                                                      crop_hw: tuple[int, int],
+                                                      box: tuple[float, ...]) -> None:
+    h, w = crop_hw
+    store.add_request(pending('req-box', crop_png=encode_png(crop_pixels(h, w)), box=box))
+    store.add_request(pending('req-nobox', box=None))
+    with LabellingServer(store.pending_requests, store_submitter(store),
+                         WebConfig(port=0, poll_interval_s=0.3)) as server:
+        page = browser.new_page(viewport={'width': 1000, 'height': 800})
+        try:
+            page.set_default_timeout(30_000)
+            page.goto(server.url)
+            card = page.locator('[data-request-id="req-box"]')
+            crop, outline = card.locator('[data-testid=crop]'), card.locator(
+                '[data-testid=crop-box]')
+            outline.wait_for(state='attached')
+            page.wait_for_function('img => img.complete && img.naturalWidth > 0',
+                                   arg=crop.element_handle())
+            for width in (1000, 420):  # the outline follows the displayed size
+                page.set_viewport_size({'width': width, 'height': 800})
+                g = page.evaluate(_OUTLINE_GEOMETRY,
+                                  [crop.element_handle(), outline.element_handle()])
+                assert g['visible']
+                assert g['img'][2] > 2 * w  # shown larger than the crop: scaling is tested
+                x, y, bw, bh = box
+                expected = [g['shown'][0] + x * g['scale'], g['shown'][1] + y * g['scale'],
+                            bw * g['scale'], bh * g['scale']]
+                assert g['outline'] == pytest.approx(expected, abs=1.0), (width, g)
+            # A request without a box shows its crop without an outline.
+            other = page.locator('[data-request-id="req-nobox"]')
+            other.locator('[data-testid=crop]').wait_for()
+            assert other.locator('[data-testid=crop-box]').count() == 0
         finally:
             page.close()
 

@@ -262,6 +262,110 @@ def test_a_wrong_file_under_the_name_is_replaced_once_the_new_one_checks(
     assert (dest / 'images.gz').read_bytes() == data
 
 
+def _same_size_wrong_bytes(data: bytes) -> dict[str, bytes]:
+    """Files of the publisher's size that are not its file: one byte changed at the start,
+    the middle or the end, every byte zero, the bytes reversed."""
+    def flipped(at: int) -> bytes:
+        out = bytearray(data)
+        out[at] ^= 0x01
+        return bytes(out)
+
+    return {'first byte': flipped(0), 'middle byte': flipped(len(data) // 2),
+            'last byte': flipped(len(data) - 1), 'zeros': bytes(len(data)),
+            'reversed': data[::-1]}
+
+
+def test_a_file_of_the_right_size_with_other_bytes_is_never_taken_as_verified(
+        server: Server, tmp_path: Path) -> None:
+    # The size alone proves nothing: a file already under its final name is used only when
+    # its SHA-256 is the publisher's; otherwise it is fetched again and replaced.
+    data = _payload()
+    file = _publish(server, 'set/images.gz', data)
+    for case, wrong in _same_size_wrong_bytes(data).items():
+        assert len(wrong) == file.size and wrong != data, case
+        dest = tmp_path / case.replace(' ', '_') / 'set'
+        dest.mkdir(parents=True)
+        (dest / 'images.gz').write_bytes(wrong)
+        lines: list[str] = []
+        asked = len(server.requests)
+        result = _fetch(server, file, dest, log=lines.append)
+        assert result.status == 'downloaded', case
+        assert len(server.requests) == asked + 1, case
+        assert (dest / 'images.gz').read_bytes() == data, case
+        assert not any('present, SHA-256 verified' in line for line in lines), case
+        assert _leftovers(dest) == ['images.gz'], case
+
+
+def test_a_wrong_file_of_the_right_size_is_refused_when_no_source_has_the_file(
+        server: Server, tmp_path: Path) -> None:
+    # Nothing to replace it with: the run fails; the wrong file is never reported as the
+    # publisher's.
+    data = _payload()
+    file = PublishedFile('absent.gz', len(data), hashlib.sha256(data).hexdigest())
+    dest = tmp_path / 'data' / 'set'
+    dest.mkdir(parents=True)
+    (dest / 'absent.gz').write_bytes(_same_size_wrong_bytes(data)['last byte'])
+    lines: list[str] = []
+    with pytest.raises(FetchError, match='absent.gz could not be downloaded'):
+        _fetch(server, file, dest, log=lines.append)
+    assert not any('verified' in line for line in lines)
+
+
+def _record_flushes_and_renames(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """Record, in order, each os.fsync (the file's identity and size at that moment, or
+    'folder') and each os.replace (the source's identity and size, and both names)."""
+    import os
+    import stat
+
+    calls: list[tuple] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        info = os.fstat(fd)
+        kind = 'folder' if stat.S_ISDIR(info.st_mode) else 'file'
+        calls.append(('fsync', kind, (info.st_dev, info.st_ino), info.st_size))
+        real_fsync(fd)
+
+    def replace(src: str | Path, dst: str | Path, **kw: object) -> None:
+        info = os.stat(src)
+        calls.append(('replace', Path(src), Path(dst), (info.st_dev, info.st_ino),
+                      info.st_size))
+        real_replace(src, dst, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, 'fsync', fsync)
+    monkeypatch.setattr(os, 'replace', replace)
+    return calls
+
+
+@pytest.mark.parametrize('how', ['whole', 'resumed in one run', 'resumed by a later run',
+                                 'resume ignored by the server'])
+def test_the_whole_file_is_flushed_to_disk_before_it_takes_its_name(
+        server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    # A rename that reaches the disk before the bytes would leave, after a power cut, a file
+    # under its final name that was never checked: every byte is fsynced first, then the
+    # rename, then the folder (which makes the rename durable).
+    data = _payload()
+    file = _publish(server, 'set/images.gz', data)
+    dest = tmp_path / 'data' / 'set'
+    if how != 'whole':
+        server.cut_after, server.cuts_left = CUT_AT, 1
+    if how in ('resumed by a later run', 'resume ignored by the server'):
+        with pytest.raises(FetchError):
+            _fetch(server, file, dest)
+        server.honour_ranges = how == 'resumed by a later run'
+    calls = _record_flushes_and_renames(monkeypatch)
+    _fetch(server, file, dest, tries=2)
+    assert (dest / 'images.gz').read_bytes() == data
+    renames = [i for i, c in enumerate(calls) if c[0] == 'replace']
+    assert len(renames) == 1, calls
+    _, src, dst, renamed, size = calls[renames[0]]
+    assert (src.name, dst) == ('images.gz' + PART_SUFFIX, dest / 'images.gz')
+    assert size == SIZE
+    flushed = [c for c in calls[:renames[0]] if c[:3] == ('fsync', 'file', renamed)]
+    assert flushed and flushed[-1][3] == SIZE, calls  # all of it, not only a first part
+    assert any(c[:2] == ('fsync', 'folder') for c in calls[renames[0] + 1:]), calls
+
+
 def test_the_next_source_is_tried_when_one_lacks_the_file(server: Server,
                                                           tmp_path: Path) -> None:
     data = _payload()

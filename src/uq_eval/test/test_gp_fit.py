@@ -111,6 +111,41 @@ def test_onnx_detector_fit_report_and_artefact(tmp_path, capsys, onnx_model):
     assert report['provenance']['arguments']['annotations'] == str(annotations)
 
 
+@pytest.fixture(scope='module')
+def small_export(tmp_path_factory) -> Path:
+    return write_quadrant_coco(tmp_path_factory.mktemp('small') / 'export', 24)
+
+
+@pytest.mark.parametrize('unknown', [['--unknown', 'blue'], ['--ignore', 'blue']],
+                         ids=['unknown objects', 'none'])
+@pytest.mark.parametrize('named', ['l2', 'none', 'centre_l2'])
+def test_a_named_feature_transform_is_the_one_fitted_and_reported(tmp_path, capsys, onnx_model,
+                                                                 small_export, named, unknown):
+    # --feature-transform NAME is used as named, whatever auto would choose on these data
+    # (by AUROC with unknown objects, by the norm-spread rule without): the artefact holds
+    # that transform and the report says it was named.
+    out = tmp_path / 'gp.npz'
+    code, _, stderr = fit(capsys, '--model', str(onnx_model), '--annotations', str(small_export),
+                          '--class-names', 'red', 'green', *unknown, '--out', str(out),
+                          '--timing-images', '0', '--feature-transform', named)
+    assert code == 0, stderr
+    report = json.loads(out.with_suffix('.json').read_text())
+    choice = report['gp']['feature_transform']
+    assert (choice['setting'], choice['kind'], choice['rule']) == (named, named, 'named')
+    assert report['settings']['feature_transform'] == named
+    assert report['provenance']['arguments']['feature_transform'] == named
+    gp = LastLayerNTKGP.load(out, feature_dim=3, class_names=['red', 'green'],
+                             model_id=report['model']['model_id'])
+    if named == 'none':
+        assert gp.feature_transform is None
+    else:
+        transform = gp.feature_transform
+        assert transform is not None and transform.to_meta()['kind'] == named
+        # l2 only normalises (zero means); centre_l2 centres on the training mean first.
+        assert transform.centred == (named == 'centre_l2')
+        assert bool(transform.means_array().any()) == (named == 'centre_l2')
+
+
 def test_diagnose_tells_the_causes_apart(tmp_path, capsys, onnx_model):
     annotations = write_quadrant_coco(tmp_path / 'export', 40)
     out = tmp_path / 'diagnosis.json'

@@ -7,11 +7,11 @@ labeler) -> (accepted, message)`` callable. The ask-for-help node passes one tha
 through its ``ProvideLabel`` path (store, then teach the detector), so a click on the page and
 a service call are the same answer.
 
-The page lists pending requests with the crop, the reason, the robot that asked, one button
-per candidate and a free-text field for a new class, and polls ``/api/requests`` (every
-``poll_interval_s``) so new requests appear and answered ones disappear without a reload. On
-a fleet's store the list holds every robot's requests; a menu shows one robot's only
-(``/api/requests?robot=ID`` does the same for programs).
+The page lists pending requests with the crop (the object's box outlined on it), the reason,
+the robot that asked, one button per candidate and a free-text field for a new class, and
+polls ``/api/requests`` (every ``poll_interval_s``) so new requests appear and answered ones
+disappear without a reload. On a fleet's store the list holds every robot's requests; a
+menu shows one robot's only (``/api/requests?robot=ID`` does the same for programs).
 
 Access
     By default the server binds to ``127.0.0.1``: only programs on the robot itself can reach
@@ -164,6 +164,8 @@ def _request_json(r: PendingRequest) -> dict[str, Any]:
         'track_id': r.track_id,
         'robot_id': r.robot_id,
         'crop_url': f'/api/requests/{r.request_id}/crop.png' if r.crop_png else None,
+        # The object's box in crop pixels, COCO (x, y, width, height): the page outlines it.
+        'box': None if r.box is None else [float(v) for v in r.box],
     }
 
 
@@ -518,8 +520,13 @@ main { display: grid; gap: 1rem; grid-template-columns: repeat(auto-fill, minmax
        margin-top: 1rem; }
 article { border: 1px solid #ccc; border-radius: 0.5rem; padding: 0.75rem; }
 article.answered { border-color: #2e7d32; background: #edf7ed; }
-article img { width: 100%; max-height: 16rem; object-fit: contain; image-rendering: pixelated;
-              background: #222; }
+.crop { position: relative; }
+article img { display: block; width: 100%; max-height: 16rem; object-fit: contain;
+              image-rendering: pixelated; background: #222; }
+/* The outline of the object's box: an SVG over the whole img whose viewBox is the crop's
+   pixel grid; xMidYMid meet maps it as object-fit: contain maps the image. */
+.crop svg { position: absolute; inset: 0; width: 100%; height: 100%; pointer-events: none; }
+.crop rect { fill: none; stroke: #ffd600; stroke-width: 2px; vector-effect: non-scaling-stroke; }
 .reason { font-size: 0.9rem; }
 .robot { font-size: 0.8rem; color: #555; margin: 0.3rem 0 0; }
 .candidates { display: flex; flex-wrap: wrap; gap: 0.4rem; }
@@ -589,12 +596,38 @@ _SCRIPT = r"""
     }
   }
 
+  // The box (crop pixels, x y width height) drawn over the crop. Hidden until the image
+  // has loaded: the viewBox needs its pixel size, and the SVG scales with the shown size.
+  function outline(img, box) {
+    const SVG = 'http://www.w3.org/2000/svg';
+    const svg = document.createElementNS(SVG, 'svg');
+    svg.setAttribute('preserveAspectRatio', 'xMidYMid meet');
+    svg.setAttribute('visibility', 'hidden');
+    svg.setAttribute('aria-hidden', 'true');
+    const rect = document.createElementNS(SVG, 'rect');
+    rect.setAttribute('data-testid', 'crop-box');
+    ['x', 'y', 'width', 'height'].forEach((name, i) => rect.setAttribute(name, String(box[i])));
+    svg.append(rect);
+    const fit = () => {
+      if (!img.naturalWidth || !img.naturalHeight) return;
+      svg.setAttribute('viewBox', '0 0 ' + img.naturalWidth + ' ' + img.naturalHeight);
+      svg.removeAttribute('visibility');
+    };
+    img.addEventListener('load', fit);
+    if (img.complete) fit();
+    return svg;
+  }
+
   function makeCard(request) {
     const card = el('article', {'data-testid': 'request-card',
                                 'data-request-id': request.request_id});
     if (request.crop_url) {
-      card.append(el('img', {src: request.crop_url, 'data-testid': 'crop',
-                             alt: 'the object the robot is unsure about'}));
+      const frame = el('div', {class: 'crop'});
+      const img = el('img', {src: request.crop_url, 'data-testid': 'crop',
+                             alt: 'the object the robot is unsure about'});
+      frame.append(img);
+      if (request.box) frame.append(outline(img, request.box));
+      card.append(frame);
     }
     card.append(el('p', {class: 'robot', 'data-testid': 'robot'},
                    'robot ' + (request.robot_id || UNKNOWN)));
