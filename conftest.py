@@ -89,7 +89,11 @@ def postgres_server() -> Iterator[Any]:
     """A private PostgreSQL server for the whole test run
     (:class:`uq_autonomy.labels.postgres_server.TemporaryPostgres`: ``initdb`` and ``pg_ctl`` in a
     temporary directory, as an unprivileged account when the tests run as root)."""
-    from uq_autonomy.labels.postgres_server import PostgresUnavailable, TemporaryPostgres, find_bindir
+    from uq_autonomy.labels.postgres_server import (
+        PostgresUnavailable,
+        TemporaryPostgres,
+        find_bindir,
+    )
 
     try:
         find_bindir()

@@ -491,7 +491,7 @@ def test_detections_carry_their_tracks_evidence_and_a_label_restarts_it(running,
             assert u.track_score == u.calibrated_score
 
     # Its settings are validated at runtime like every parameter, and applied.
-    detector = h.executor.get_nodes()[0]
+    [detector] = [n for n in h.executor.get_nodes() if isinstance(n, DetectorNode)]
     future = h.params.set_parameters([Parameter('track_max_views', value=0)])
     assert h.wait_for(future.done)
     [bad] = future.result().results

@@ -227,9 +227,9 @@ def _table(results: list[LoadResult]) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run the load on each back end; exit 1 when an acknowledged label or request was lost
     or a call failed, 2 on a store that cannot be used."""
+    from uq_autonomy.labels.postgres_server import PostgresUnavailable, TemporaryPostgres
     from uq_autonomy.labels.store import LabelStoreError
     from uq_autonomy.labels.url import parse_store_url
-    from uq_autonomy.labels.postgres_server import PostgresUnavailable, TemporaryPostgres
 
     settings: dict[str, Any] = dict(robots=args.robots, labellers=args.labellers,
                                     duration_s=args.duration, inflight=args.inflight)

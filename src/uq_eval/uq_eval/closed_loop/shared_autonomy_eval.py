@@ -470,7 +470,7 @@ def _report(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace,
     trials = {suite: {policy: [{k: v for k, v in row.items() if k != 'timeline'}
                                for row in rows] for policy, rows in by_policy.items()}
               for suite, by_policy in results.items()}
-    report = {'command': command, 'suites': suites, 'trials': trials}
+    report: dict[str, Any] = {'command': command, 'suites': suites, 'trials': trials}
     if set(args.policies) & set(HELP_POLICIES):
         report['labeller_delay_s'] = delay
     return report
@@ -541,7 +541,7 @@ def _hard_example(by_policy: dict[str, list[dict]]) -> dict[str, dict] | None:
     full = played.get('full_autonomy', {})
 
     def gate_paid(seed: int) -> bool:
-        return seed in full and full[seed].get('wrong_grasp') and any(
+        return seed in full and bool(full[seed].get('wrong_grasp')) and any(
             played.get(p, {}).get(seed, {}).get('success') for p in GATED_POLICIES)
     seed = next((seed for seed in seeds if gate_paid(seed)), seeds[0] if seeds else None)
     if seed is None:

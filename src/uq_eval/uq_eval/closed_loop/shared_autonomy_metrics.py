@@ -27,7 +27,7 @@ Every rate comes with its 95 % Wilson score interval.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -211,7 +211,7 @@ def paired_time_ratio(rows_a: Sequence[dict], rows_b: Sequence[dict]) -> dict:
             'ratio': float(ta / tb)}
 
 
-def time_ratios(by_policy: dict[str, Sequence[dict]]) -> dict[str, dict]:
+def time_ratios(by_policy: Mapping[str, Sequence[dict]]) -> dict[str, dict]:
     """Paired time ratios of each policy that the uncertainty drives over every policy
     before it in :data:`POLICIES` (``gated_help_over_gated``, ...), of those played."""
     ratios = {}

@@ -73,6 +73,8 @@ from uq_eval.closed_loop.lookalike_selection import (
 
 if TYPE_CHECKING:
     from uq_perception.perception import UncertaintyPerception
+    from uq_perception.track_evidence import TrackEvidence
+    from uq_perception.tracking import IoUTracker
     from uq_sim.scene import CameraSpec, Frame, SceneRenderer, SceneSpec
 
 SCENE_KINDS = ('confident_lookalike', 'torus_lookalike', 'procedural_unknown',
@@ -441,10 +443,18 @@ def _taken_over(perception: UncertaintyPerception, held: dict[int, Any],
                 present: set[int], stamp: float) -> set[int]:
     """The held tracks whose evidence a new track of this frame took over: gone from the
     evidence though not yet past its memory."""
-    memory = perception.evidence.config.memory_s
+    _, evidence = _tracks_of(perception)
+    memory = evidence.config.memory_s
     return {track_id for track_id, state in held.items()
             if track_id not in present and stamp - state.last_seen <= memory
-            and perception.evidence.state(track_id) is None}
+            and evidence.state(track_id) is None}
+
+
+def _tracks_of(perception: UncertaintyPerception) -> tuple[IoUTracker, TrackEvidence]:
+    """The pipeline's tracker and track evidence: this evaluation measures nothing else."""
+    if perception.evidence is None or perception.tracker is None:
+        raise ValueError('the pipeline keeps no tracks or no track evidence')
+    return perception.tracker, perception.evidence
 
 
 def run_scene(perception: UncertaintyPerception, renderer: SceneRenderer,
@@ -457,9 +467,9 @@ def run_scene(perception: UncertaintyPerception, renderer: SceneRenderer,
     from uq_perception.training.detection_metrics import match_detections
 
     # A new scene is a new stream: no track or evidence carries over from the last one.
-    perception.tracker = IoUTracker(perception.tracker.iou_threshold,
-                                    perception.tracker.max_missed)
-    perception.evidence = TrackEvidence(perception.evidence.config)
+    tracker, evidence = _tracks_of(perception)
+    perception.tracker = IoUTracker(tracker.iou_threshold, tracker.max_missed)
+    perception.evidence = TrackEvidence(evidence.config)
     records: list[DetectionRecord] = []
     seen: set[int] = set()
     superseded: set[int] = set()
@@ -476,14 +486,14 @@ def run_scene(perception: UncertaintyPerception, renderer: SceneRenderer,
         matched, _ = match_detections(boxes, np.asarray(result.detections.scores), truth,
                                       MATCH_IOU)
         calibrated = result.uncertainty.calibrated_score
-        evidence = result.track_scores
+        scores = result.track_scores
         # The GP's score reference is checked at load and the pipeline keeps evidence.
-        assert calibrated is not None and evidence is not None
+        assert calibrated is not None and scores is not None
         for d, track_id in enumerate(ids):
             obj = frame.annotations[matched[d]] if matched[d] >= 0 else None
             records.append(DetectionRecord(
                 index, scene.kind, k, track_id, float(calibrated[d]),
-                float(evidence.score[d]), int(evidence.views[d]),
+                float(scores.score[d]), int(scores.views[d]),
                 None if obj is None else not obj.known, None if obj is None else obj.name))
     return records, superseded
 
@@ -522,8 +532,8 @@ def evaluate_tracks(perception: UncertaintyPerception, scenes: int, frames: int,
         'reach_end': REACH_END, 'match_iou': MATCH_IOU, 'bootstrap_samples': bootstrap,
         'score_threshold': perception.score_threshold,
         'max_detections': perception.max_detections,
-        'tracking_iou': perception.tracker.iou_threshold,
-        'track_evidence': asdict(perception.evidence.config),
+        'tracking_iou': _tracks_of(perception)[0].iou_threshold,
+        'track_evidence': asdict(_tracks_of(perception)[1].config),
     }
     report['wall_s'] = round(time.monotonic() - start, 1)
     return report

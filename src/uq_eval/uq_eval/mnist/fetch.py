@@ -446,6 +446,10 @@ def _accept(part: Path, final: Path, file: PublishedFile, label: str, url: str,
         part.unlink()
         raise ChecksumMismatch(_refusal(label, url,
                                         f'SHA-256 {digest}, expected {file.sha256}'))
+    # A part completed by an earlier run that was killed may never have reached the disk;
+    # the final name must only ever hold flushed, verified bytes.
+    with open(part, 'rb+') as stream:
+        os.fsync(stream.fileno())
     os.replace(part, final)
     _fsync_folder(final.parent)
     log(f'{label}: {file.size:,} bytes, SHA-256 verified')
