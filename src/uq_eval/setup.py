@@ -27,6 +27,7 @@ setup(
             'train = uq_eval.detector.commands:train',
             'eval.detector = uq_eval.detector.commands:eval_detector',
             'eval.detector-gp = uq_eval.detector.commands:eval_detector_gp',
+            'eval.layers = uq_eval.detector.commands:eval_layers',
             'gp.fit = uq_eval.gp.commands:gp_fit',
             'gp.diagnose = uq_eval.gp.commands:gp_diagnose',
             'eval.duplicates = uq_eval.detector.commands:eval_duplicates',

@@ -21,6 +21,7 @@ import os
 import socket
 import sys
 import tempfile
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -144,6 +145,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help='on: a known object no detection finds gives the features of the '
                              'grid cells in its box (YOLO layout); auto: on when it lowers the '
                              'validation NLL')
+    parser.add_argument('--select-on', nargs='+', default=[], metavar='CATEGORY',
+                        help='unknown categories whose objects choose the feature transform '
+                             'and the score\'s signal; none: every unknown category not '
+                             'judged on')
+    parser.add_argument('--judge-on', nargs='+', default=[], metavar='CATEGORY',
+                        help='unknown categories held out of those choices, whose objects '
+                             'alone the report scores; none: the report scores the objects '
+                             'the choices were made on')
     parser.add_argument('--timing-images', type=non_negative_int, default=50,
                         help='validation images timed for the query cost (0: none)')
     parser.add_argument('--no-progress', action='store_true',
@@ -250,9 +259,13 @@ def _split_label(text: str) -> str:
     return text if text.isprintable() and len(text) <= 200 else 'validation objects'
 
 
-def _load_data(args: argparse.Namespace, class_names: list[str]) -> dict[str, Any]:
-    """Read the COCO file(s), the roles of their categories and the train/val images."""
+def _load_data(args: argparse.Namespace, class_names: list[str],
+               selection: Sequence[str] = (), judging: Sequence[str] = ()) -> dict[str, Any]:
+    """Read the COCO file(s), the roles of their categories and the train/val images;
+    unknown categories of ``judging`` get :data:`~uq_eval.gp.fitting.JUDGING_LABEL`, and,
+    with ``selection`` named, unknown categories in neither are left out."""
     from uq_perception.training.coco_data import (
+        CategoryRole,
         CocoFormatError,
         category_roles,
         read_coco,
@@ -280,7 +293,31 @@ def _load_data(args: argparse.Namespace, class_names: list[str]) -> dict[str, An
             unknown=[n for n in args.unknown if n.strip().casefold() in own],
             ignored=[n for n in args.ignore if n.strip().casefold() in own])[0]
 
-    train_roles = roles_of(train_set)
+    def split_unknown(roles: Any, dataset: Any) -> Any:
+        # Judging categories choose nothing; with selection categories named, other unknown
+        # categories are left out.
+        from uq_eval.gp.fitting import JUDGING_LABEL
+
+        names = {c.id: c.name.strip().casefold() for c in dataset.categories.values()}
+        judge = {n.strip().casefold() for n in judging}
+        select = {n.strip().casefold() for n in selection}
+        out = dict(roles)
+        for cid, (role, index) in roles.items():
+            if role is not CategoryRole.UNKNOWN:
+                continue
+            if names[cid] in judge:
+                out[cid] = (role, JUDGING_LABEL)
+            elif select and names[cid] not in select:
+                out[cid] = (CategoryRole.AUXILIARY, index)
+        return out
+
+    unknown_names = {c.name.strip().casefold() for f in files for c in f.categories.values()
+                     if roles_of(f)[c.id][0] is CategoryRole.UNKNOWN}
+    for what, named in (('selection', selection), ('judging', judging)):
+        strays = [n for n in named if n.strip().casefold() not in unknown_names]
+        if strays:
+            raise CocoFormatError(f'{what} categories {strays} are no unknown category')
+    train_roles = split_unknown(roles_of(train_set), train_set)
     data: dict[str, Any] = {
         'annotations': str(args.annotations), 'sha256': train_set.sha256,
         'images_dir': None if args.images is None else str(args.images),
@@ -289,7 +326,7 @@ def _load_data(args: argparse.Namespace, class_names: list[str]) -> dict[str, An
     if args.val_annotations is not None:
         val_set = files[1]
         train_images, val_images = list(train_set.images), list(val_set.images)
-        val_roles = roles_of(val_set)
+        val_roles = split_unknown(roles_of(val_set), val_set)
         data['validation'] = {'annotations': str(args.val_annotations),
                               'sha256': val_set.sha256,
                               'images_dir': None if args.val_images is None
@@ -396,20 +433,24 @@ def run(args: argparse.Namespace) -> int:
         if len(paths) < 4:
             raise ValueError('--out, --report, --model and --annotations must be four '
                              'different files')
+        # The settings are checked before the model loads (a selection that overlaps the
+        # judging categories is refused at once).
+        settings = FitSettings(score_threshold=args.score_threshold,
+                               timing_images=args.timing_images, seed=args.seed,
+                               feature_transform=args.feature_transform,
+                               anchors_per_object=args.anchors_per_object,
+                               missed_objects=args.missed_objects,
+                               selection_categories=tuple(args.select_on),
+                               judging_categories=tuple(args.judge_on))
         detector, model_info = open_detector(args)
-        data = _load_data(args, detector.class_names)
+        data = _load_data(args, detector.class_names, args.select_on, args.judge_on)
         print(f'{model_info["model_id"]} on {detector.backend_name} ({detector.device_name}): '
               f'{data["provenance"]["train_images"]} training and '
               f'{data["provenance"]["val_images"]} validation images', flush=True)
         gp, fitted = fit_detector_gp(
             detector, data['train'], data['train_roles'], data['val'], data['val_roles'],
-            data['reference'], FitSettings(score_threshold=args.score_threshold,
-                                           timing_images=args.timing_images, seed=args.seed,
-                                           feature_transform=args.feature_transform,
-                                           anchors_per_object=args.anchors_per_object,
-                                           missed_objects=args.missed_objects),
-            progress=progress, log=(lambda line: print(line, flush=True)) if progress
-            else (lambda line: None))
+            data['reference'], settings, progress=progress,
+            log=(lambda line: print(line, flush=True)) if progress else (lambda line: None))
         report = {
             'out': str(args.out), 'model': model_info, 'data': data['provenance'], **fitted,
             'provenance': {'arguments': _arguments(args),

@@ -72,6 +72,24 @@ ANCHOR_CHOICES = (1, 3, 5)
 MISSED_CHOICES = ('auto', 'on', 'off')
 #: Where a training point comes from (:attr:`ObjectFeatures.source`).
 SOURCE_MATCHED, SOURCE_ANCHOR, SOURCE_MISSED = 0, 1, 2
+#: Label of an unknown object whose category judges the fit: left out of every choice made
+#: on unknown objects (other unknown objects have label -1).
+JUDGING_LABEL = -2
+
+
+def check_selection_judging(selection: Sequence[str], judging: Sequence[str]) -> None:
+    """Refuse unknown categories named both to choose on (selection) and to judge on.
+
+    Raises
+    ------
+    ValueError
+        Naming the categories in both, in one line.
+    """
+    both = sorted({n.strip().casefold() for n in selection}
+                  & {n.strip().casefold() for n in judging})
+    if both:
+        raise ValueError(f'unknown categories {both} are both selection and judging '
+                         'categories: a choice made on their objects cannot be judged on them')
 
 
 def _log(message: str) -> None:
@@ -107,6 +125,11 @@ class FitSettings:
         ``on``: a known object no detection finds gives the features of the grid cells in
         its box at its assigned scale (grid heads only); ``off``: it gives none; ``auto``:
         chosen on validation NLL.
+    selection_categories, judging_categories : tuple[str, ...]
+        Unknown categories the choices of the transform and of the score's signal are made
+        on, and those the report judges them on (their objects carry
+        :data:`JUDGING_LABEL`); a category in both is refused
+        (:func:`check_selection_judging`).
     """
 
     score_threshold: float = AP_SCORE_THRESHOLD
@@ -118,8 +141,11 @@ class FitSettings:
     feature_transform: str = 'auto'
     anchors_per_object: int | None = None
     missed_objects: str = 'auto'
+    selection_categories: tuple[str, ...] = ()
+    judging_categories: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        check_selection_judging(self.selection_categories, self.judging_categories)
         if self.anchors_per_object is not None and not 1 <= self.anchors_per_object <= 100:
             raise ValueError(f'anchors_per_object must be in 1..100, got '
                              f'{self.anchors_per_object}')
@@ -469,11 +495,18 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
                 f'{split} images; at least {least} are needed (are the class names and boxes '
                 'those of this model, and the images what it was trained on?)')
     train_known, val_known = train.known, val.known
-    unknown = ObjectFeatures(np.concatenate([train.features[~train_known],
-                                             val.features[~val_known]]),
-                             np.concatenate([train.logits[~train_known],
-                                             val.logits[~val_known]]),
-                             np.full(int((~train_known).sum() + (~val_known).sum()), -1))
+    found_unknown = ObjectFeatures(np.concatenate([train.features[~train_known],
+                                                   val.features[~val_known]]),
+                                   np.concatenate([train.logits[~train_known],
+                                                   val.logits[~val_known]]),
+                                   np.concatenate([train.labels[~train_known],
+                                                   val.labels[~val_known]]))
+    # Objects of judging categories choose nothing; with none declared, the choices and the
+    # report share the unknown objects (the report then leans optimistic).
+    judged_apart = bool(settings.judging_categories)
+    for_judging = found_unknown.labels == JUDGING_LABEL
+    unknown = found_unknown.subset(~for_judging)
+    judged = found_unknown.subset(for_judging) if judged_apart else unknown
     blocks = tuple(FeatureBlock(*b) for b in detector.feature_blocks())
     # A head with several scales gates by scale: each scale's own noise, prior precision,
     # OOD threshold and score reference make calibrated_score mean the same at every scale.
@@ -509,8 +542,11 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
     val_variance = gp.gp_variance(val.features[val_known])
     threshold = float(gp.ood_threshold) if gp.ood_threshold is not None else math.inf
     experts = np.bincount(gp.predict(fitted_on.features).expert_id, minlength=gp.num_experts)
-    unknown_variance = gp.gp_variance(unknown.features)
+    unknown_variance = gp.gp_variance(judged.features)
     unknown_report: dict[str, Any] = {
+        'judged_on': {'judging': list(settings.judging_categories),
+                      'selection': list(settings.selection_categories)} if judged_apart
+        else 'the unknown objects the choices were made on',
         'objects': int(unknown_variance.size),
         'annotated': train_tally.unknown_annotated + val_tally.unknown_annotated,
         'known_objects': int(val_variance.size),
@@ -528,7 +564,7 @@ def fit_detector_gp(detector: DetectorContract, train_images: Sequence[CocoImage
             gp, detector.class_activation, train.features[train_known],
             train.labels[train_known], ObjectFeatures(val.features[val_known],
                                                       val.logits[val_known],
-                                                      val.labels[val_known]), unknown)
+                                                      val.labels[val_known]), judged)
         log('known-vs-unknown, the GP beside the post-hoc scores on the same detections:\n'
             + format_table(unknown_report['scores']))
     fit_seconds = time.perf_counter() - started

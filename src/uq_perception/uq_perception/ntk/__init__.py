@@ -17,6 +17,8 @@ The public API lives here; the modules split it by concern:
 - :mod:`.function_space`: :class:`FunctionSpaceNTKGP`, the Jacobian (function-space) form
   (imported on first use: it needs torch);
 - :mod:`.feature_map`: norm-aware feature maps, chosen by the evidence;
+- :mod:`.layer_kernel`: the NTK of a layer before the last, its exact Jacobian features
+  and their sketch for the weight-space form;
 - :mod:`.persistence`: checksummed, atomic state files; saving and loading a GP.
 """
 
