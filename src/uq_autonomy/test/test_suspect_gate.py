@@ -43,9 +43,9 @@ def detection(score: float, track_score: float, views: int = 5, *, x: float = 10
 
 
 def arbiter(**changes) -> Arbiter:
-    config = ArbiterConfig(calibrated_score_thresholds=THRESHOLDS, min_dwell_s=0.0,
-                           target_class='ellipsoid', suspect=GATE, **changes)
-    return Arbiter(config, 0.0)
+    settings = dict(calibrated_score_thresholds=THRESHOLDS, min_dwell_s=0.0,
+                    target_class='ellipsoid', suspect=GATE)
+    return Arbiter(ArbiterConfig(**(settings | changes)), 0.0)
 
 
 def test_config_is_validated_by_rule():
@@ -206,7 +206,7 @@ def test_a_reset_forgets_suspect_tracks():
     arb = arbiter()
     t, _ = _climb(arb, 0.0, [detection(0.5, 0.9)] * 6)
     arb.reset(t, 'clock jumped back')
-    t, level = _climb(arb, t + 1.0, [detection(0.5, 0.2, views=1)] * 5)
+    t, level = _climb(arb, t + 1.0, [detection(0.5, 0.2, views=4)] * 5)
     assert level is Level.ASSISTANCE
 
 
@@ -229,3 +229,19 @@ def test_a_perception_outage_forgets_suspect_tracks():
     assert arb.step(t).state.perception_stale
     t, level = _climb(arb, t, [detection(0.5, 0.3, views=4)] * 6)
     assert level is Level.ASSISTANCE
+
+
+def test_a_level_restored_after_an_outage_waits_for_the_tracks_judgement():
+    """The restore after an outage returns a level within two frames; a look-alike in the
+    detector's view must first be seen min_views times."""
+    arb = arbiter(resume_window_s=5.0, resume_confirm_s=0.0, min_dwell_s=0.3)
+    t, level = _climb(arb, 0.0, [detection(0.5, 0.3, views=5)] * 20)
+    assert level is Level.ASSISTANCE
+    t += 1.0
+    assert arb.step(t).state.perception_stale
+    t, level = _climb(arb, t, [detection(0.5, 0.5, views=1)])
+    assert level <= Level.GUIDED and 'not yet judged' in arb.step(t).state.reason
+    assert not arb.step(t).state.suspect_hold  # nothing to ask about yet
+    # Judged suspect at its third view: the climb that follows stops at guided, and asks.
+    t, level = _climb(arb, t, [detection(0.5, 0.9, views=3)] * 10)
+    assert level <= Level.GUIDED and arb.step(t).state.suspect_hold

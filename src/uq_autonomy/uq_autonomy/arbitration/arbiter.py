@@ -36,7 +36,10 @@ unchanged: no perception is still teleoperation, and down steps are still immedi
 Suspect targets: while the driving detection's track is suspect (its evidence over its
 views says unfamiliar, :mod:`uq_autonomy.arbitration.suspect`), the level is at most
 guided: a higher level steps down to guided at once, and no climb goes past it, whatever
-the frame's own score, until the track is confirmed familiar or labelled as the target.
+the frame's own score, until the track is confirmed familiar or labelled as the target. A
+level restored after an outage waits for the returning track's judgement (its first
+``min_views`` views): the restore would otherwise hand over within two frames, before a
+look-alike could be found suspect.
 ``suspect_hold`` reports the cap when it holds back a level the signal alone would give.
 A manual override outranks the cap (the operator chose the level). A perception outage
 forgets the suspect tracks.
@@ -272,6 +275,7 @@ class Arbiter:
         self._gate = SuspectGate()
         self._suspect = NOT_SUSPECT
         self._suspect_hold = False
+        self._capped = False  # the suspect gate holds the level at guided
         self._track_score = math.nan
 
     @property
@@ -532,16 +536,16 @@ class Arbiter:
     def _signal_target(self, now: float) -> tuple[Level, str]:
         """The level the signal gives, capped at guided while the driving track is
         suspect; sets ``suspect_hold`` when the cap holds back a higher level."""
-        target, reason = self._uncapped_target(now)
+        restored = self._restored_level(now)
+        target, reason = restored if restored is not None else self._climb_target(now)
         self._suspect_hold = self._suspect.suspect and target > Level.GUIDED
-        if self._suspect_hold:
+        self._capped = target > Level.GUIDED and (
+            self._suspect.suspect or (self._suspect.unjudged and restored is not None))
+        if self._capped:
             return Level.GUIDED, self._suspect.reason
         return target, reason
 
-    def _uncapped_target(self, now: float) -> tuple[Level, str]:
-        restored = self._restored_level(now)
-        if restored is not None:
-            return restored
+    def _climb_target(self, now: float) -> tuple[Level, str]:
         cfg = self._config
         th = cfg.thresholds
         u = self._perception.uncertainty
@@ -578,7 +582,7 @@ class Arbiter:
         now = self._clock(now)
         before = (self._level, self._reason, self._stale, self._override is not None,
                   self._suspect_hold)
-        self._suspect_hold = False
+        self._suspect_hold = self._capped = False
         if self._override_expires is not None and now >= self._override_expires:
             self._override = None
             self._override_expires = None
@@ -607,7 +611,7 @@ class Arbiter:
             self._last_change = now
             self._up_since = None
             self._reason = reason
-        elif not usable or self._override is not None or self._suspect_hold:
+        elif not usable or self._override is not None or self._capped:
             self._reason = reason  # why the level is held
         elif note is not None:
             self._reason = note
