@@ -245,3 +245,15 @@ def test_a_level_restored_after_an_outage_waits_for_the_tracks_judgement():
     # Judged suspect at its third view: the climb that follows stops at guided, and asks.
     t, level = _climb(arb, t, [detection(0.5, 0.9, views=3)] * 10)
     assert level <= Level.GUIDED and arb.step(t).state.suspect_hold
+
+
+def test_an_override_during_an_outage_forgets_the_level_earned_before_it():
+    arb = arbiter(resume_window_s=5.0, resume_confirm_s=0.0, min_dwell_s=0.3)
+    t, level = _climb(arb, 0.0, [detection(0.5, 0.3, views=5)] * 20)
+    assert level is Level.ASSISTANCE
+    t += 1.0
+    assert arb.step(t).state.perception_stale
+    arb.set_override(t, 0, 0.0)
+    arb.set_override(t, -1, 0.0)
+    t, level = _climb(arb, t, [detection(0.5, 0.3, views=5)] * 2)
+    assert level <= Level.GUIDED, arb.step(t).state.reason

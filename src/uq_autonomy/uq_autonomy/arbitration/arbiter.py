@@ -485,6 +485,9 @@ class Arbiter:
             return False, f'duration must be finite and >= 0 s, got {duration_s}', self.step(now)
         self._override = Level(level)
         self._override_expires = now + duration_s if duration_s > 0.0 else None
+        # The operator took the level over: what perception had earned before an outage is
+        # no longer the level to come back to, whether or not perception is usable now.
+        self._outage = self._restore_since = None
         step = self.step(now)
         until = f'for {duration_s:g} s' if duration_s > 0.0 else 'until released'
         message = f'override to {Level(level).label} {until}'

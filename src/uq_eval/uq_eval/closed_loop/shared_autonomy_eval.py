@@ -313,6 +313,14 @@ def _switch_policy(loop: Any, observer: Any, policy: str, before: str | None,
     return ''
 
 
+def _forget_earned_level(observer: Any) -> bool:
+    """Start the next trial at teleoperation, as a new task: a level pinned while the last
+    trial's scene is still in view, then released, is not remembered through the reset's
+    camera silence (the arbitration restores only a level the uncertainty earned), so the
+    new scene's look-alike is not handed the last trial's assistance at once."""
+    return observer.set_level(0) and observer.set_level(-1)
+
+
 def _play(loop: Any, observer: Any, todo: list, journal: Path, done: dict, done_before: int,
           total: int, started: float, trial_timeout: float, delay: float) -> int:
     from uq_eval.closed_loop.loop import READY_LINES, run_trial
@@ -340,6 +348,9 @@ def _play(loop: Any, observer: Any, todo: list, journal: Path, done: dict, done_
                     return 1
             if loop.dead():
                 print(f'uq eval shared-autonomy: nodes died: {loop.dead()}', file=sys.stderr)
+                return 1
+            if PINNED_LEVEL[policy] is None and not _forget_earned_level(observer):
+                print('uq eval shared-autonomy: override refused', file=sys.stderr)
                 return 1
             fault = trial.get('fault')
             extra = {'timeout_s': trial_timeout, **trial['extra']}
