@@ -134,8 +134,9 @@ def test_one_low_frame_does_not_lift_the_cap():
 def test_a_label_of_the_target_class_lifts_it_and_another_class_does_not():
     gate = SuspectGate()
     gate.judge(evidence(0.95, 0.9), GATE)
-    assert gate.judge(evidence(0.95, 0.9, labelled=True, class_id='torus'), GATE,
-                      'ellipsoid').suspect
+    not_target = gate.judge(evidence(0.95, 0.9, labelled=True, class_id='torus'), GATE,
+                            'ellipsoid')
+    assert not_target.suspect and not_target.track_id == 7
     assert not gate.judge(evidence(0.95, 0.9, labelled=True), GATE, 'ellipsoid').suspect
     # A label is final for the track: later unfamiliar views do not make it suspect again.
     assert not gate.judge(evidence(0.99, 0.99), GATE, 'ellipsoid').suspect
@@ -257,3 +258,86 @@ def test_an_override_during_an_outage_forgets_the_level_earned_before_it():
     arb.set_override(t, -1, 0.0)
     t, level = _climb(arb, t, [detection(0.5, 0.3, views=5)] * 2)
     assert level <= Level.GUIDED, arb.step(t).state.reason
+
+
+# --- boundaries of the rule -----------------------------------------------------------------
+
+def test_view_change_boundaries():
+    inf = math.inf
+    # An empty box is no view to compare with.
+    assert view_change((0, 0, 0, 0), (0, 0, 0, 0)) == inf
+    assert view_change((0, 0, 10, 0), (0, 0, 10, 10)) == inf
+    assert view_change((0, 0, 10, 10), (0, 0, 0, 10)) == inf
+    # Sub-pixel boxes are boxes: their area and diagonal are below 1.
+    assert view_change((0, 0, 0.5, 0.5), (0, 0, 0.5, 0.5)) == 0.0
+    assert view_change((0, 0, 0.6, 0.8), (0, 0.5, 0.6, 0.8)) == pytest.approx(0.5)
+    # Width and height each count: a tall box against a wide one of the same area.
+    assert view_change((0, 0, 2, 8), (0, 0, 2, 8)) == 0.0
+    assert view_change((0, 0, 2, 8), (0, 0, 8, 2)) == 0.0
+    assert view_change((0, 0, 2, 8), (0, 0, 2, 4)) == pytest.approx(math.log(2))
+
+
+def test_track_zero_is_judged_and_an_untracked_detection_is_not():
+    assert SuspectGate().judge(evidence(0.9, 0.9, track=0), GATE).suspect
+    assert SuspectGate().judge(evidence(0.9, 0.9, track=0), GATE).track_id == 0
+    assert not SuspectGate().judge(evidence(0.9, 0.9, track=-1), GATE).suspect
+
+
+def test_the_threshold_itself_is_suspect_and_zero_is_evidence():
+    assert SuspectGate().judge(evidence(0.9, GATE.threshold), GATE).suspect
+    assert not SuspectGate().judge(evidence(0.9, GATE.threshold - 1e-9), GATE).suspect
+    verdict = SuspectGate().judge(evidence(0.9, 0.0, views=1), GATE)
+    assert verdict.unjudged and verdict.track_id == 7 and verdict.suspect is False
+    for invalid in (math.inf, math.nan, -1.0):
+        verdict = SuspectGate().judge(evidence(0.9, invalid), GATE)
+        assert not verdict.suspect and not verdict.unjudged
+
+
+def test_a_familiar_frame_that_makes_a_track_suspect_counts_toward_its_confirmation():
+    gate = SuspectGate()
+    # Familiar now (0.2), unfamiliar over its views (0.9): suspect, one confirmation.
+    assert gate.judge(evidence(0.2, 0.9, x=100.0), GATE).suspect
+    for i in range(1, GATE.confirm_frames - 1):
+        assert gate.judge(evidence(0.2, 0.9, x=100.0 + 20 * i), GATE).suspect
+    assert not gate.judge(evidence(0.2, 0.9, x=500.0), GATE).suspect
+
+
+def test_familiar_frames_bounds_and_the_least_view_change():
+    def frame(score: float, x: float) -> TrackEvidence:
+        # A 30 x 40 box: diagonal 50, so a move of 5 px is exactly a change of 0.1.
+        return TrackEvidence(7, 'ellipsoid', x, 100.0, 30.0, 40.0, score, 0.9, 5)
+
+    step = GATE.confirm_view_change * 50.0
+    gate = SuspectGate()
+    gate.judge(frame(0.95, 100.0), GATE)
+    for i in range(1, GATE.confirm_frames):
+        assert gate.judge(frame(0.0, 100.0 + step * i), GATE).suspect
+    assert not gate.judge(frame(0.0, 100.0 + step * GATE.confirm_frames), GATE).suspect
+    # A frame at the threshold is not familiar: it starts the count again.
+    gate = SuspectGate()
+    gate.judge(frame(0.95, 100.0), GATE)
+    for i in range(1, 3 * GATE.confirm_frames):
+        assert gate.judge(frame(GATE.threshold, 100.0 + 20 * i), GATE).suspect
+
+
+def test_a_label_without_a_target_class_lifts_the_cap_for_good():
+    gate = SuspectGate()
+    gate.judge(evidence(0.95, 0.9), GATE)
+    verdict = gate.judge(evidence(0.95, 0.9, labelled=True, class_id='mug'), GATE)
+    assert not verdict.suspect and not verdict.unjudged
+    assert not gate.judge(evidence(0.99, 0.99), GATE).suspect
+
+
+def test_the_least_recently_judged_tracks_are_forgotten_beyond_the_bound():
+    from uq_autonomy.arbitration.suspect import MAX_TRACKS
+
+    gate = SuspectGate()
+    assert gate.judge(evidence(0.95, 0.9, track=0), GATE).suspect
+    assert gate.judge(evidence(0.95, 0.9, track=1), GATE).suspect
+    for track in range(2, MAX_TRACKS):  # exactly the bound: every track is kept
+        gate.judge(evidence(0.1, 0.1, track=track), GATE)
+    assert gate.judge(evidence(0.1, 0.1, track=0), GATE).suspect
+    # Track 1 is now the least recently judged: one more track drops it, not track 0.
+    gate.judge(evidence(0.1, 0.1, track=MAX_TRACKS), GATE)
+    assert gate.judge(evidence(0.1, 0.1, track=0), GATE).suspect
+    assert not gate.judge(evidence(0.1, 0.1, track=1), GATE).suspect

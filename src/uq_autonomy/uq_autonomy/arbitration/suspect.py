@@ -88,7 +88,7 @@ def view_change(a: tuple[float, float, float, float], b: tuple[float, float, flo
 @dataclass(slots=True)
 class _Track:
     suspect: bool = False
-    cleared: str = ''  # why the track may drive above guided: 'confirmed' or 'labelled'
+    cleared: bool = False  # confirmed familiar or labelled as the target: never suspect again
     not_target: str = ''  # the class a person named, when it is not the target
     confirmations: int = 0
     last_confirming_box: tuple[float, float, float, float] | None = None
@@ -104,11 +104,6 @@ class SuspectGate:
         """Forget every track (perception reset: track ids may be reused)."""
         self._tracks.clear()
 
-    def is_suspect(self, track_id: int) -> bool:
-        """Whether ``track_id`` is suspect now (False for a track never judged)."""
-        track = self._tracks.get(track_id)
-        return track is not None and track.suspect
-
     def judge(self, det: TrackEvidence, config: SuspectConfig, target_class: str = ''
               ) -> SuspectVerdict:
         """Update the driving track's state with this frame's detection and judge it."""
@@ -122,15 +117,13 @@ class SuspectGate:
         self._tracks.move_to_end(det.track_id)
         if det.track_labelled:
             if not target_class or det.class_id == target_class:
-                track.suspect, track.cleared, track.not_target = False, 'labelled', ''
+                track.suspect, track.cleared, track.not_target = False, True, ''
                 return NOT_SUSPECT
             track.not_target = det.class_id
         if track.not_target:
             return SuspectVerdict(True, det.track_id, (
                 f'not the target: track {det.track_id} was labelled {track.not_target!r}, '
                 f'not {target_class!r}; held at guided'))
-        if track.cleared == 'labelled':
-            return NOT_SUSPECT
         score = det.track_score
         has_evidence = math.isfinite(score) and score >= 0.0
         if not track.suspect:
@@ -144,7 +137,7 @@ class SuspectGate:
                 return NOT_SUSPECT
             track.suspect, track.confirmations, track.last_confirming_box = True, 0, None
         if self._confirms(track, det, config):
-            track.suspect, track.cleared = False, 'confirmed'
+            track.suspect, track.cleared = False, True
             return NOT_SUSPECT
         return SuspectVerdict(True, det.track_id, (
             f'suspect target: track {det.track_id} scored {score:.3f} over '
