@@ -309,3 +309,36 @@ def test_view_change_zero_counts_every_frame():
         out = evidence.update(float(i), [1], [0], [(50.0, 50.0, 20.0, 20.0)], [score])
     assert out.views[0] == 3
     assert out.score[0] == pytest.approx(sum(scores) / 3)
+
+
+def _corner_iou(a, b) -> float:
+    """IoU from the corners, written independently of the module's centre form."""
+    ax1, ay1, ax2, ay2 = a[0] - a[2] / 2, a[1] - a[3] / 2, a[0] + a[2] / 2, a[1] + a[3] / 2
+    bx1, by1, bx2, by2 = b[0] - b[2] / 2, b[1] - b[3] / 2, b[0] + b[2] / 2, b[1] + b[3] / 2
+    w, h = min(ax2, bx2) - max(ax1, bx1), min(ay2, by2) - max(ay1, by1)
+    if w <= 0 or h <= 0:
+        return 0.0
+    return w * h / (a[2] * a[3] + b[2] * b[3] - w * h)
+
+
+boxes = st.tuples(st.floats(0, 200), st.floats(0, 200), st.floats(0.5, 80), st.floats(0.5, 80))
+
+
+@given(a=boxes, b=boxes)
+@settings(max_examples=300, deadline=None)
+def test_the_reform_iou_is_the_boxes_intersection_over_union(a, b):
+    from uq_perception.track_evidence import _iou
+
+    assert _iou(a, b) == pytest.approx(_corner_iou(a, b), abs=1e-9)
+    assert _iou(a, b) == pytest.approx(_iou(b, a), abs=1e-12)
+
+
+def test_the_reform_iou_on_hand_made_boxes():
+    from uq_perception.track_evidence import _iou
+
+    assert _iou((0, 0, 10, 10), (0, 0, 10, 10)) == 1.0
+    assert _iou((0, 0, 10, 10), (10, 0, 10, 10)) == 0.0  # touching edges share no area
+    assert _iou((0, 0, 10, 10), (5, 0, 10, 10)) == pytest.approx(50 / 150)
+    assert _iou((0, 0, 10, 10), (0, 5, 10, 10)) == pytest.approx(50 / 150)
+    assert _iou((0, 0, 4, 2), (0, 0, 2, 4)) == pytest.approx(4 / 12)
+    assert _iou((0, 0, 0.5, 0.5), (0, 0, 0.5, 0.5)) == 1.0
