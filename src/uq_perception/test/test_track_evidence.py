@@ -342,3 +342,60 @@ def test_the_reform_iou_on_hand_made_boxes():
     assert _iou((0, 0, 10, 10), (0, 5, 10, 10)) == pytest.approx(50 / 150)
     assert _iou((0, 0, 4, 2), (0, 0, 2, 4)) == pytest.approx(4 / 12)
     assert _iou((0, 0, 0.5, 0.5), (0, 0, 0.5, 0.5)) == 1.0
+
+
+def test_track_zero_is_a_track_and_negative_ids_are_untracked():
+    evidence = TrackEvidence()
+    out = evidence.update(0.0, [0, -1], [1, 1], [BOX, _moved(4)], [0.4, 0.6])
+    assert (out.score[0], out.views[0]) == (pytest.approx(0.4), 1)
+    assert (out.score[1], out.views[1]) == (NO_TRACK_SCORE, 0)
+    out = evidence.update(0.1, [0], [1], [_moved(1)], [0.8])
+    assert (out.score[0], out.views[0]) == (pytest.approx(0.6), 2)
+    assert evidence.state(0) is not None and evidence.state(-1) is None
+
+
+def test_a_move_along_y_alone_is_a_new_view():
+    cx, cy, w, h = BOX
+    evidence = TrackEvidence()
+    evidence.update(0.0, [3], [0], [BOX], [0.2])
+    out = evidence.update(0.1, [3], [0], [(cx, cy + math.hypot(w, h), w, h)], [0.6])
+    assert out.views[0] == 2 and out.score[0] == pytest.approx(0.4)
+
+
+def test_frames_of_one_stamp_keep_the_tracks_and_an_earlier_stamp_forgets_them():
+    evidence = TrackEvidence()
+    evidence.update(1.0, [3], [0], [BOX], [0.2])
+    out = evidence.update(1.0, [3], [0], [_moved(1)], [0.6])
+    assert out.views[0] == 2
+    out = evidence.update(0.5, [3], [0], [_moved(2)], [0.9])
+    assert out.views[0] == 1 and out.score[0] == pytest.approx(0.9)
+
+
+def test_a_zero_size_box_is_accepted_and_a_negative_one_refused():
+    evidence = TrackEvidence()
+    out = evidence.update(0.0, [3], [0], [(10.0, 10.0, 0.0, 5.0)], [0.3])
+    assert out.views[0] == 1
+    with pytest.raises(ValueError, match='non-negative width and height'):
+        evidence.update(0.1, [3], [0], [(10.0, 10.0, -1.0, 5.0)], [0.3])
+
+
+@pytest.mark.parametrize('field, value', [
+    ('memory_s', 0.0), ('reform_iou', 1.0), ('reform_cosine', 1.0), ('max_views', 1),
+    ('max_tracks', 1), ('view_change', 0.0)])
+def test_the_ends_of_each_settings_range_are_accepted(field, value):
+    assert getattr(TrackEvidenceConfig(**{field: value}), field) == value
+
+
+def test_a_zero_embedding_has_no_direction_and_inherits_nothing():
+    evidence = TrackEvidence()
+    evidence.update(0.0, [3], [0], [BOX], [0.9], [EMBEDDING])
+    evidence.update(0.1, [], [], np.zeros((0, 4)), [], np.zeros((0, 4)))
+    out = evidence.update(0.2, [4], [0], [BOX], [0.1], [np.zeros(4)])
+    assert out.views[0] == 1 and out.score[0] == pytest.approx(0.1)
+    # A unit-length embedding of the same direction does inherit.
+    evidence = TrackEvidence()
+    evidence.update(0.0, [3], [0], [BOX], [0.9], [EMBEDDING])
+    evidence.update(0.1, [], [], np.zeros((0, 4)), [], np.zeros((0, 4)))
+    # (the same box again is no new view: the inherited score stands)
+    out = evidence.update(0.2, [4], [0], [BOX], [0.1], [EMBEDDING / 10.0])
+    assert out.views[0] == 1 and out.score[0] == pytest.approx(0.9)
