@@ -94,18 +94,52 @@ def _subcommand_paths() -> list[list[str]]:
     return paths
 
 
-def test_uq_help_lists_every_top_level_command():
-    result = subprocess.run([sys.executable, '-m', 'uq_common.cli', '--help'],
-                            capture_output=True, text=True, timeout=60)
+# Every `uq ... --help` in one separate process, as `python -m uq_common.cli` runs each (the
+# same main(), the parser built afresh for each): a process per command paid the interpreter
+# and the commands' imports (torch among them) each time, about 2 s for each of some forty
+# commands. Prints {command: {code, stdout, stderr}} as JSON.
+_HELP_OF_EACH = """
+import contextlib, io, json, sys, traceback
+from uq_common.cli import main
+answers = {}
+for command in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([*command, '--help'])
+        except SystemExit as exit:
+            code = exit.code
+        except Exception:  # the command's own failure, reported by its test
+            traceback.print_exc()
+            code = 1
+    answers[' '.join(command)] = {'code': code, 'stdout': out.getvalue(),
+                                  'stderr': err.getvalue()}
+print(json.dumps(answers))
+"""
+
+
+@pytest.fixture(scope='module')
+def help_answers() -> dict[str, dict]:
+    """What `uq --help` and `uq <subcommand> --help` answer, by command ('' for `uq`)."""
+    import json
+
+    commands = [[], *_subcommand_paths()]
+    result = subprocess.run([sys.executable, '-c', _HELP_OF_EACH, json.dumps(commands)],
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_uq_help_lists_every_top_level_command(help_answers):
+    answer = help_answers['']
+    assert answer['code'] == 0, answer['stderr']
     for path in _subcommand_paths():
         if len(path) == 1:
-            assert path[0] in result.stdout
+            assert path[0] in answer['stdout']
 
 
 @pytest.mark.parametrize('command', _subcommand_paths(), ids=' '.join)
-def test_uq_subcommand_answers_help(command):
-    result = subprocess.run([sys.executable, '-m', 'uq_common.cli', *command, '--help'],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert f'uq {" ".join(command)}' in result.stdout
+def test_uq_subcommand_answers_help(command, help_answers):
+    answer = help_answers[' '.join(command)]
+    assert answer['code'] == 0, answer['stderr']
+    assert f'uq {" ".join(command)}' in answer['stdout']

@@ -98,9 +98,9 @@ QUOTED = [
      'the ensemble at worst {} / {} / {}', SEED_STUDY,
      _worst('ntk_gp_auroc') + _worst('ensemble_auroc'), '.3f'),
     # README: the shared-autonomy benchmark's headline.
-    (README, 'hard suite: wrong grasps {}/30 full autonomy, {}/30 gated', SHARED_AUTONOMY,
-     [('suites', 'hard', 'policies', policy, 'wrong_grasps', 'count')
-      for policy in ('full_autonomy', 'gated')], '.0f'),
+    (README, 'hard suite, wrong grasps: full autonomy {}/30, gated {}/30, gated with help {}/30',
+     SHARED_AUTONOMY, [('suites', 'hard', 'policies', policy, 'wrong_grasps', 'count')
+                       for policy in ('full_autonomy', 'gated', 'gated_help')], '.0f'),
 ]
 
 

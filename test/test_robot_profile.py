@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -62,13 +63,16 @@ def test_every_robot_file_is_for_a_node_with_a_sim_file():
         assert _parameters(path, node), f'{path.name} sets nothing'
 
 
-def _call(executor, client, request, timeout_s: float = 30.0, attempts: int = 3):
+def _call(executor, client, request, timeout_s: float = 30.0, attempt_s: float = 5.0):
     assert client.wait_for_service(timeout_sec=timeout_s), f'{client.srv_name} not available'
     # Listing and reading parameters are idempotent, so a response lost in DDS discovery
-    # (uq_common.service_calls) is asked for again.
-    for _ in range(attempts):
+    # (uq_common.service_calls) is asked for again, after a few seconds rather than after a
+    # third of the whole time-out: an answer comes in milliseconds once the service is
+    # there, and a lost one cost the test 20 s.
+    end = time.monotonic() + timeout_s
+    while (left := end - time.monotonic()) > 0:
         future = client.call_async(request)
-        executor.spin_until_future_complete(future, timeout_sec=timeout_s / attempts)
+        executor.spin_until_future_complete(future, timeout_sec=min(attempt_s, left))
         if future.done():
             return future.result()
         client.remove_pending_request(future)

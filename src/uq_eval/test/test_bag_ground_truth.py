@@ -290,18 +290,31 @@ def test_stamps_not_in_the_bag_are_counted_not_fatal(demo_bag, tmp_path):
 @pytest.mark.slow
 def test_bench_reports_rates_their_ratio_and_peak_memory(tmp_path, capsys):
     """``--bench`` on a three-frame bag: the figures are there and consistent (their values
-    depend on the machine and are not asserted)."""
+    depend on the machine and are not asserted). The rounds are shortened with
+    ``--bench-frames``/``--bench-rounds``: the default 3 rounds of 300 frames took most of
+    the test's half minute and check nothing more than 2 rounds of 30 (passes, frames and
+    ratio follow from the options alike)."""
+    from uq_eval.bags.evaluation import BENCH_MIN_FRAMES, BENCH_ROUNDS
+
     bag = tmp_path / 'bag'
     assert uq('sim', 'record', '--scenario', 'known_static', '--out', str(bag),
               '--duration', '1.5', '--rate', '2', '--no-progress') == 0
     capsys.readouterr()
     out = tmp_path / 'report'
-    assert uq('eval', 'bag', str(bag), '--out', str(out), '--bench', '--no-progress') == 0
-    printed = capsys.readouterr().out
+    min_frames, rounds = 30, 2
+    assert uq('eval', 'bag', str(bag), '--out', str(out), '--bench', '--no-progress',
+              '--bench-frames', str(min_frames), '--bench-rounds', str(rounds)) == 0
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert f'{rounds} rounds of at least {min_frames} frames each' in captured.err
     bench = _report(out)['bench']
     assert bench['bag_frames'] == 3
-    assert bench['passes_per_round'] == 100 and bench['rounds'] == 3  # 300 frames a round
-    assert bench['frames'] == 900
+    # Whole passes of the bag reaching the frames asked for: 10 passes of 3 frames a round.
+    assert bench['passes_per_round'] == math.ceil(min_frames / 3) == 10
+    assert bench['rounds'] == rounds
+    assert bench['frames'] == rounds * bench['passes_per_round'] * bench['bag_frames'] == 60
+    # Without the options a run keeps the measured figures: 3 rounds of at least 300 frames.
+    assert (BENCH_MIN_FRAMES, BENCH_ROUNDS) == (300, 3)
     keys = ('replay_frames_per_s', 'bare_forward_frames_per_s', 'replay_over_forward',
             'peak_rss_mib_1x', 'peak_rss_mib_10x')
     for key in keys:

@@ -21,7 +21,10 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def test_ten_robots_lose_no_acknowledged_label(store_url: str) -> None:
-    result = bench.run_load(store_url, 'test', robots=10, labellers=2, duration_s=4.0)
+    # Two seconds of load: every robot keeps two requests in flight from the start, so the
+    # store takes concurrent filing and racing answers throughout (hundreds of labels); the
+    # checks below are counts that must match, whatever the length.
+    result = bench.run_load(store_url, 'test', robots=10, labellers=2, duration_s=2.0)
     assert result.errors == []
     assert result.requests_filed >= 10  # every robot filed requests ...
     assert result.answers_acknowledged == result.requests_filed  # ... all were answered

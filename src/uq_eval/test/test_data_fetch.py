@@ -102,7 +102,10 @@ def server(tmp_path: Path) -> Iterator[Server]:
     state.root.mkdir()
     httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), _handler(state))
     httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    # shutdown() waits for the serving loop to look at its flag, once a poll interval: the
+    # default 0.5 s was half a second of every test's teardown.
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={'poll_interval': 0.02},
+                              daemon=True)
     thread.start()
     state.url = f'http://127.0.0.1:{httpd.server_address[1]}'
     try:

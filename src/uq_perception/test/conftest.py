@@ -129,6 +129,21 @@ def scene(seed: int, shape: tuple[int, int]) -> np.ndarray:
     return image
 
 
+TINY_YOLO_SIZE = (96, 128)
+
+
+@pytest.fixture(scope='session')
+def tiny_yolo(tmp_path_factory: pytest.TempPathFactory) -> tuple[TinyYolo, Path, tuple[int, int]]:
+    """``TinyYolo`` of seed 0, exported at 96x128 with output ``output0``: (the network, its
+    ONNX file, the size). The adapter's and the node's tests read this same network, and an
+    export takes seconds, so it is built once for the test run; read it, never change it."""
+    torch.manual_seed(0)
+    model = TinyYolo().eval()
+    path = export(model, TINY_YOLO_SIZE, tmp_path_factory.mktemp('tiny_yolo') / 'yolo.onnx',
+                  ['output0'])
+    return model, path, TINY_YOLO_SIZE
+
+
 @pytest.fixture(scope='session')
 def toy() -> types.SimpleNamespace:
     """The networks, their export and a test frame maker."""

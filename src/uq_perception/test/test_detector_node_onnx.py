@@ -10,7 +10,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 pytest.importorskip('onnxruntime', reason='onnxruntime is part of the CPU install')
 
@@ -37,11 +36,12 @@ SIZE = (96, 128)
 
 
 @pytest.fixture(scope='module')
-def onnx_files(tmp_path_factory, toy):
-    """A YOLO-style ONNX detector and a GP fitted on its features of a few frames."""
+def onnx_files(tmp_path_factory, toy, tiny_yolo):
+    """A YOLO-style ONNX detector (TinyYolo of seed 0 at SIZE, exported once for the test
+    run: conftest.py) and a GP fitted on its features of a few frames."""
     folder = tmp_path_factory.mktemp('onnx_model')
-    torch.manual_seed(0)
-    path = toy.export(toy.TinyYolo().eval(), SIZE, folder / 'yolo.onnx', ['output0'])
+    _, path, size = tiny_yolo
+    assert size == SIZE
     detector = OnnxDetector(path)
     features = extract_features(detector, [toy.scene(seed, (120, 160)) for seed in range(8)],
                                 0.05, 30)

@@ -121,10 +121,10 @@ DETR_SIZE = (64, 64)
 
 
 @pytest.fixture(scope='module')
-def yolo(tmp_path_factory, toy):
-    torch.manual_seed(0)
-    model = toy.TinyYolo().eval()
-    path = toy.export(model, YOLO_SIZE, tmp_path_factory.mktemp('yolo') / 'yolo.onnx', ['output0'])
+def yolo(tiny_yolo):
+    # TinyYolo of seed 0 at YOLO_SIZE, exported once for the test run (conftest.py).
+    model, path, size = tiny_yolo
+    assert size == YOLO_SIZE
     return model, path
 
 

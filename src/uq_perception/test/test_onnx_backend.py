@@ -4,6 +4,7 @@ when corrupt or stale, and falls back to pytorch-cpu with a reason when it canno
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -47,6 +48,24 @@ def _tiny(seed: int, model_id: str = 'tiny-model') -> CenterNetDetector:
     return model
 
 
+@pytest.fixture(scope='module')
+def tiny_export(tmp_path_factory) -> tuple[Path, onnx_export.PreparedOnnx]:
+    """The first start of ``_tiny(0)`` on an empty cache: (the cache folder, what it
+    prepared). An export takes seconds; the tests that need this one file copy it into a cache
+    of their own before changing anything, so it is built once for them all."""
+    cache = tmp_path_factory.mktemp('tiny-cache')
+    return cache, create_backend('onnxruntime', _tiny(0), onnx_cache_dir=cache).prepared
+
+
+def _seeded_cache(tiny_export: tuple[Path, onnx_export.PreparedOnnx], cache: Path) -> Path:
+    """``cache`` holding a copy of the shared export of ``_tiny(0)``, where the backend looks
+    for it; the copy's path."""
+    path = onnx_export.cached_path(_tiny(0), cache)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(tiny_export[1].path, path)
+    return path
+
+
 def _scene(seed: int, shape: tuple[int, int]) -> np.ndarray:
     rng = np.random.default_rng(seed)
     image = (rng.random((*shape, 3)) * 80).astype(np.uint8)
@@ -58,11 +77,15 @@ def _scene(seed: int, shape: tuple[int, int]) -> np.ndarray:
 
 
 @pytest.mark.skipif(not SHIPPED.is_file(), reason='the shipped model is not in models/')
-def test_shipped_model_on_onnxruntime_agrees_with_torch(tmp_path):
+def test_shipped_model_on_onnxruntime_agrees_with_torch():
     model = load_detector(SHIPPED)
     gp = LastLayerNTKGP.load(SHIPPED_GP, feature_dim=model.embedding_dim,
                              model_id=model.model_id)
-    backend = create_backend('onnxruntime', model, onnx_cache_dir=tmp_path, gp=gp)
+    # The test run's cache (the root conftest.py exports the shipped model into it before
+    # the tests start, as a node's start would): its file is checked against torch here as on
+    # every start, without a second export of the full model (seconds). Without that file
+    # the backend builds it.
+    backend = create_backend('onnxruntime', model, gp=gp)
     assert isinstance(backend, OnnxRuntimeBackend) and backend.backend_name == 'onnxruntime'
     agreement = backend.prepared.agreement
     assert agreement.passes() and agreement.gp_variance_difference is not None
@@ -83,16 +106,20 @@ def test_shipped_model_on_onnxruntime_agrees_with_torch(tmp_path):
         assert (np.abs(ours_var - theirs_var) <= 1e-4 * theirs_var).all()
 
 
-@pytest.mark.slow  # six exports
-def test_export_is_cached_by_model_and_rebuilt_when_corrupt_or_stale(tmp_path):
+@pytest.mark.slow  # four exports, beside the shared one
+def test_export_is_cached_by_model_and_rebuilt_when_corrupt_or_stale(tmp_path, tiny_export):
     model = _tiny(0)
-    first = create_backend('onnxruntime', model, onnx_cache_dir=tmp_path)
-    path = first.prepared.path
-    assert first.prepared.rebuilt == 'not built yet' and path.parent == tmp_path / 'onnx'
-    assert path.name.startswith('tiny-model-')
+    # The shared first start built the file in <cache>/onnx, named by the model id.
+    shared_cache, built_first = tiny_export
+    assert built_first.rebuilt == 'not built yet'
+    assert built_first.path.parent == shared_cache / 'onnx'
+    assert built_first.path.name.startswith('tiny-model-')
+    assert built_first.path == onnx_export.cached_path(model, shared_cache)
+    path = _seeded_cache(tiny_export, tmp_path)
     built = path.stat().st_mtime_ns
     again = create_backend('onnxruntime', model, onnx_cache_dir=tmp_path)
-    assert again.prepared.rebuilt == '' and path.stat().st_mtime_ns == built
+    assert again.prepared.rebuilt == '' and again.prepared.path == path
+    assert path.stat().st_mtime_ns == built
     # Other weights under the same model id get a file of their own.
     other = _tiny(1)
     assert onnx_export.cached_path(other, tmp_path) != path
@@ -101,18 +128,22 @@ def test_export_is_cached_by_model_and_rebuilt_when_corrupt_or_stale(tmp_path):
     repaired = create_backend('onnxruntime', model, onnx_cache_dir=tmp_path)
     assert 'not a readable ONNX file' in repaired.prepared.rebuilt
     assert repaired.prepared.agreement.passes()
-    # A file exported from other weights, put in this model's place, is found stale.
-    onnx_export.export_onnx(other, path)
-    stale = create_backend('onnxruntime', model, onnx_cache_dir=tmp_path)
-    assert stale.prepared.rebuilt.startswith('digest is ')
-    assert stale.prepared.agreement.passes()
-    assert onnx_export.read_export_metadata(path)['digest'] == \
-        onnx_export.export_metadata(model)['digest']
     # Retrained weights under the same id replace the older export; other ids stay.
     kept = create_backend('onnxruntime', _tiny(5, 'tiny-model-2'), onnx_cache_dir=tmp_path)
     newer = create_backend('onnxruntime', other, onnx_cache_dir=tmp_path)
     assert sorted(tmp_path.joinpath('onnx').iterdir()) == sorted(
         [kept.prepared.path, newer.prepared.path])
+    # A file exported from other weights (the newer export), put in this model's place, is
+    # found stale; its rebuild replaces the other weights' export in turn.
+    shutil.copy(newer.prepared.path, path)
+    assert onnx_export.read_export_metadata(path)['digest'] == \
+        onnx_export.export_metadata(other)['digest']
+    stale = create_backend('onnxruntime', model, onnx_cache_dir=tmp_path)
+    assert stale.prepared.rebuilt.startswith('digest is ')
+    assert stale.prepared.agreement.passes()
+    assert onnx_export.read_export_metadata(path)['digest'] == \
+        onnx_export.export_metadata(model)['digest']
+    assert sorted(tmp_path.joinpath('onnx').iterdir()) == sorted([kept.prepared.path, path])
 
 
 def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):
@@ -125,13 +156,16 @@ def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):
     assert onnx_export.cached_path(model).parent == tmp_path / 'cache' / 'onnx'
 
 
-def test_gp_variance_is_part_of_the_check(tmp_path):
-    model = _tiny(2)
+def test_gp_variance_is_part_of_the_check(tmp_path, tiny_export):
+    model = _tiny(0)
     head = model.head
     gp = LastLayerNTKGP(head.weight.detach().numpy(), head.bias.detach().numpy(),
                         NTKGPConfig(num_experts=1), model.class_names, model.model_id)
     gp.fit(np.random.default_rng(0).normal(size=(200, 8)))
+    # The cached file is checked with the GP on every start, as a fresh one is.
+    _seeded_cache(tiny_export, tmp_path)
     backend = create_backend('onnxruntime', model, onnx_cache_dir=tmp_path, gp=gp)
+    assert backend.prepared.rebuilt == ''
     difference = backend.prepared.agreement.gp_variance_difference
     assert difference is not None and 0 <= difference <= onnx_export.GP_VARIANCE_TOLERANCE
 

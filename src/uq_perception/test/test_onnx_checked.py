@@ -5,6 +5,7 @@ the same detections; a changed detector file, ONNX file or GP takes the full sta
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,26 @@ def _gp(model: CenterNetDetector, seed: int, path: Path) -> Path:
     return path
 
 
+@pytest.fixture(scope='module')
+def tiny_export(tmp_path_factory) -> Path:
+    """The ONNX export of ``_tiny(0)`` saved as 'tiny-model', built as a first start builds
+    it into its cache. An export takes seconds: each test's first start finds a copy in its
+    own cache (:func:`_seed`) and is still the full start (torch, the check against the
+    torch model, a record written), since no record of a passed check comes with it."""
+    folder = tmp_path_factory.mktemp('tiny-export')
+    save_detector(_tiny(0), folder / 'tiny.pt', 'tiny-model')
+    runtime = RuntimeSettings(onnx_cache_dir=folder / 'cache')
+    backend, fallback = start_detector(load_model('torch', folder / 'tiny.pt', runtime), runtime)
+    assert isinstance(backend, OnnxRuntimeBackend), fallback
+    return backend.prepared.path
+
+
+def _seed(cache: Path, tiny_export: Path) -> None:
+    """Put the shared export of ``_tiny(0)`` where a start with ``cache`` looks for it."""
+    (cache / 'onnx').mkdir(parents=True)
+    shutil.copy2(tiny_export, cache / 'onnx' / tiny_export.name)
+
+
 def _start(model_path: Path, gp_path: Path, cache: Path) -> dict:
     result = subprocess.run([sys.executable, '-c', START, str(model_path), str(gp_path),
                              str(cache)], capture_output=True, text=True, timeout=600,
@@ -80,9 +101,11 @@ def _start(model_path: Path, gp_path: Path, cache: Path) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_a_checked_export_starts_without_torch_and_detects_the_same(tmp_path):
+def test_a_checked_export_starts_without_torch_and_detects_the_same(tmp_path, tiny_export):
     model_path, cache = tmp_path / 'tiny.pt', tmp_path / 'cache'
     save_detector(_tiny(0), model_path, 'tiny-model')
+    _seed(cache, tiny_export)
+    assert read_checked_export(model_path, cache) is None
     gp_path = _gp(_tiny(0), 0, tmp_path / 'gp.npz')
     full = _start(model_path, gp_path, cache)
     assert full['detector'] == 'OnnxRuntimeBackend' and full['torch'] and not full['fallback']
@@ -94,10 +117,11 @@ def test_a_checked_export_starts_without_torch_and_detects_the_same(tmp_path):
         assert ours == theirs  # the same file on the same runtime: identical numbers
 
 
-def test_another_gp_detector_file_or_onnx_file_takes_the_full_start(tmp_path):
+def test_another_gp_detector_file_or_onnx_file_takes_the_full_start(tmp_path, tiny_export):
     model_path, cache = tmp_path / 'tiny.pt', tmp_path / 'cache'
     model = _tiny(0)
     save_detector(model, model_path, 'tiny-model')
+    _seed(cache, tiny_export)
     first, second = _gp(model, 0, tmp_path / 'first.npz'), _gp(model, 1, tmp_path / 'second.npz')
     runtime = RuntimeSettings(onnx_cache_dir=cache)
 
@@ -125,10 +149,11 @@ def test_another_gp_detector_file_or_onnx_file_takes_the_full_start(tmp_path):
     assert isinstance(start(_gp(_tiny(1), 0, tmp_path / 'third.npz')), OnnxRuntimeBackend)
 
 
-def test_an_unreadable_record_is_no_record(tmp_path):
+def test_an_unreadable_record_is_no_record(tmp_path, tiny_export):
     model_path, cache = tmp_path / 'tiny.pt', tmp_path / 'cache'
     model = _tiny(0)
     save_detector(model, model_path, 'tiny-model')
+    _seed(cache, tiny_export)
     gp_path = _gp(model, 0, tmp_path / 'gp.npz')
     runtime = RuntimeSettings(onnx_cache_dir=cache)
     loaded = load_model('torch', model_path, runtime)

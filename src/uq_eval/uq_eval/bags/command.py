@@ -47,8 +47,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help='report directory')
     parser.add_argument('--bench', action='store_true',
                         help='also time the replay against the bare forward pass on the '
-                             'same frames (3 alternating rounds of at least 300 frames) and '
-                             'measure peak memory for 1x and 10x the bag')
+                             'same frames (alternating rounds, see --bench-rounds and '
+                             '--bench-frames) and measure peak memory for 1x and 10x the bag')
+    # Defaults None: the figures live in uq_eval.bags.evaluation, which this parser does
+    # not import (numpy and the detector's modules would load for every `uq` command).
+    parser.add_argument('--bench-frames', type=positive_int, default=None, metavar='N',
+                        help='with --bench: frames each side of a round times, at least, '
+                             'in whole passes of the bag (default: 300; fewer for a quick '
+                             'check of the figures, not for a measurement)%(default).0s')
+    parser.add_argument('--bench-rounds', type=positive_int, default=None, metavar='N',
+                        help='with --bench: alternating rounds (default: 3)%(default).0s')
     parser.add_argument('--repeat', type=positive_int, default=1, help=argparse.SUPPRESS)
     parser.add_argument('--no-report', action='store_true', help=argparse.SUPPRESS)
     parser.add_argument('--no-progress', action='store_true', help='hide the progress bar')
@@ -204,11 +212,14 @@ def run_one(args: argparse.Namespace) -> int:
                           repeat=max(1, args.repeat))
     extra: dict = {}
     if args.bench and data.frames:
-        print(f'benchmark: replay against the bare forward pass, {BENCH_ROUNDS} rounds of '
-              f'at least {BENCH_MIN_FRAMES} frames each, then peak memory', file=sys.stderr)
+        min_frames = args.bench_frames or BENCH_MIN_FRAMES
+        rounds = args.bench_rounds or BENCH_ROUNDS
+        print(f'benchmark: replay against the bare forward pass, {rounds} rounds of '
+              f'at least {min_frames} frames each, then peak memory', file=sys.stderr)
         extra['bench'] = bench_replay_against_forward(
             stream, lambda: BagEvaluator(perception, None, str(args.bag), arbitration_values,
-                                         ground_truth))
+                                         ground_truth),
+            min_frames=min_frames, rounds=rounds)
         extra['bench'].update(peak_rss_mib_1x=_peak_rss_mib(args.bag, 1),
                               peak_rss_mib_10x=_peak_rss_mib(args.bag, 10))
         print(json.dumps(extra['bench'], indent=2))
