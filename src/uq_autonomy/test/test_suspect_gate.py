@@ -18,7 +18,7 @@ from uq_autonomy.arbitration.arbiter import Arbiter
 from uq_autonomy.arbitration.config import ArbiterConfig, Level, SuspectConfig, Thresholds
 from uq_autonomy.arbitration.frame_validity import DetectionSummary, assess_frame
 from uq_autonomy.arbitration.params import config_from_values, default_values
-from uq_autonomy.arbitration.suspect import SuspectGate, TrackEvidence, view_change
+from uq_autonomy.arbitration.suspect import DrivingTrack, SuspectGate, view_change
 
 SETTINGS = settings(max_examples=80, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -29,8 +29,8 @@ THRESHOLDS = Thresholds(up=(0.9, 0.88, 0.86), down=(0.97, 0.95, 0.93))
 
 def evidence(score: float, track_score: float, views: int = 5, *, x: float = 100.0,
              labelled: bool = False, class_id: str = 'ellipsoid', track: int = 7
-             ) -> TrackEvidence:
-    return TrackEvidence(track, class_id, x, 100.0, 20.0, 20.0, score, track_score, views,
+             ) -> DrivingTrack:
+    return DrivingTrack(track, class_id, x, 100.0, 20.0, 20.0, score, track_score, views,
                          labelled)
 
 
@@ -303,9 +303,9 @@ def test_a_familiar_frame_that_makes_a_track_suspect_counts_toward_its_confirmat
 
 
 def test_familiar_frames_bounds_and_the_least_view_change():
-    def frame(score: float, x: float) -> TrackEvidence:
+    def frame(score: float, x: float) -> DrivingTrack:
         # A 30 x 40 box: diagonal 50, so a move of 5 px is exactly a change of 0.1.
-        return TrackEvidence(7, 'ellipsoid', x, 100.0, 30.0, 40.0, score, 0.9, 5)
+        return DrivingTrack(7, 'ellipsoid', x, 100.0, 30.0, 40.0, score, 0.9, 5)
 
     step = GATE.confirm_view_change * 50.0
     gate = SuspectGate()

@@ -78,7 +78,7 @@ from uq_autonomy.arbitration.frame_validity import (
     UncertaintyValues,
     assess_frame,
 )
-from uq_autonomy.arbitration.suspect import NOT_SUSPECT, SuspectGate, TrackEvidence
+from uq_autonomy.arbitration.suspect import NOT_SUSPECT, DrivingTrack, SuspectGate
 
 
 def limit_command(command: NDArray[np.float64], previous: NDArray[np.float64], dt: float,
@@ -390,7 +390,7 @@ class Arbiter:
     def _judge_track(self, d: DetectionSummary) -> None:
         self._track_score = d.track_score
         self._suspect = self._gate.judge(
-            TrackEvidence(d.track_id, d.class_id, d.center_x, d.center_y, d.width, d.height,
+            DrivingTrack(d.track_id, d.class_id, d.center_x, d.center_y, d.width, d.height,
                           d.calibrated_score, d.track_score, d.track_views, d.track_labelled),
             self._config.suspect, self._config.target_class)
 

@@ -44,7 +44,7 @@ MAX_TRACKS = 1024
 
 
 @dataclass(frozen=True, slots=True)
-class TrackEvidence:
+class DrivingTrack:
     """What the gate reads of the driving detection."""
 
     track_id: int
@@ -104,7 +104,7 @@ class SuspectGate:
         """Forget every track (perception reset: track ids may be reused)."""
         self._tracks.clear()
 
-    def judge(self, det: TrackEvidence, config: SuspectConfig, target_class: str = ''
+    def judge(self, det: DrivingTrack, config: SuspectConfig, target_class: str = ''
               ) -> SuspectVerdict:
         """Update the driving track's state with this frame's detection and judge it."""
         if not config.enabled or det.track_id < 0:
@@ -145,7 +145,7 @@ class SuspectGate:
             f'until {config.confirm_frames} familiar views in a row or a label'))
 
     @staticmethod
-    def _confirms(track: _Track, det: TrackEvidence, config: SuspectConfig) -> bool:
+    def _confirms(track: _Track, det: DrivingTrack, config: SuspectConfig) -> bool:
         """Count this frame toward confirmation; True once the track is confirmed."""
         familiar = (math.isfinite(det.calibrated_score)
                     and 0.0 <= det.calibrated_score < config.threshold)
