@@ -156,7 +156,8 @@ def test_bad_options_exit_2(capsys, args, message):
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not (MODELS / 'detector.pt').is_file(), reason='models/detector.pt is missing (it is committed; a partial checkout)')
+@pytest.mark.skipif(not (MODELS / 'detector.pt').is_file(),
+                    reason='models/detector.pt is missing (it is committed; a partial checkout)')
 def test_a_tiny_run_writes_the_report(tmp_path):
     proc = subprocess.run(
         [sys.executable, '-m', 'uq_common.cli', 'eval', 'tracks', '--scenes', '2',
