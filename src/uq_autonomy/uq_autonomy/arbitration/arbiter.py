@@ -36,10 +36,7 @@ unchanged: no perception is still teleoperation, and down steps are still immedi
 Suspect targets: while the driving detection's track is suspect (its evidence over its
 views says unfamiliar, :mod:`uq_autonomy.arbitration.suspect`), the level is at most
 guided: a higher level steps down to guided at once, and no climb goes past it, whatever
-the frame's own score, until the track is confirmed familiar or labelled as the target. A
-level restored after an outage waits for the returning track's judgement (its first
-``min_views`` views): the restore would otherwise hand over within two frames, before a
-look-alike could be found suspect.
+the frame's own score, until the track is confirmed familiar or labelled as the target.
 ``suspect_hold`` reports the cap when it holds back a level the signal alone would give.
 A manual override outranks the cap (the operator chose the level). A perception outage
 forgets the suspect tracks.
@@ -541,9 +538,7 @@ class Arbiter:
         suspect; sets ``suspect_hold`` when the cap holds back a higher level."""
         restored = self._restored_level(now)
         target, reason = restored if restored is not None else self._climb_target(now)
-        self._suspect_hold = self._suspect.suspect and target > Level.GUIDED
-        self._capped = target > Level.GUIDED and (
-            self._suspect.suspect or (self._suspect.unjudged and restored is not None))
+        self._suspect_hold = self._capped = self._suspect.suspect and target > Level.GUIDED
         if self._capped:
             return Level.GUIDED, self._suspect.reason
         return target, reason

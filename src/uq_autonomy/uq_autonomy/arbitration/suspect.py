@@ -10,9 +10,6 @@ detection:
 
 * the track becomes **suspect** when its ``track_score`` is at or above ``threshold`` over at
   least ``min_views`` distinct views (a mean over one or two views is one frame's noise);
-  until it has that many views it is **not yet judged**: a level restored at once after a
-  perception outage waits for the judgement (a climb takes a dwell period a level, and a
-  fixed camera may never see more than one view, so the normal climb does not wait);
 * a suspect track stays suspect, whatever its later scores, until it is **confirmed**:
   ``confirm_frames`` frames in a row whose calibrated score is below ``threshold``, each
   from a view that differs from the previous confirming one by at least
@@ -61,13 +58,11 @@ class DrivingTrack:
 
 @dataclass(frozen=True, slots=True)
 class SuspectVerdict:
-    """The gate's verdict on the driving track: ``suspect`` or ``unjudged`` caps the level at
-    guided; only ``suspect`` is worth a question."""
+    """The gate's verdict on the driving track: ``suspect`` caps the level at guided."""
 
     suspect: bool
     track_id: int
     reason: str
-    unjudged: bool = False
 
 
 NOT_SUSPECT = SuspectVerdict(False, -1, '')
@@ -127,13 +122,8 @@ class SuspectGate:
         score = det.track_score
         has_evidence = math.isfinite(score) and score >= 0.0
         if not track.suspect:
-            if not has_evidence or track.cleared:
-                return NOT_SUSPECT
-            if det.track_views < config.min_views:
-                return SuspectVerdict(False, det.track_id, (
-                    f'track {det.track_id} not yet judged: {det.track_views} of '
-                    f'{config.min_views} views; held at guided'), unjudged=True)
-            if score < config.threshold:
+            if (not has_evidence or track.cleared or det.track_views < config.min_views
+                    or score < config.threshold):
                 return NOT_SUSPECT
             track.suspect, track.confirmations, track.last_confirming_box = True, 0, None
         if self._confirms(track, det, config):
