@@ -15,10 +15,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from uq_autonomy.arbitration.arbiter import Arbiter
-from uq_autonomy.arbitration.config import ArbiterConfig, Level, SuspectConfig, Thresholds
+from uq_autonomy.arbitration.config import (
+    ArbiterConfig,
+    DrivingDetection,
+    Level,
+    SuspectConfig,
+    Thresholds,
+)
 from uq_autonomy.arbitration.frame_validity import DetectionSummary, assess_frame
 from uq_autonomy.arbitration.params import config_from_values, default_values
-from uq_autonomy.arbitration.suspect import DrivingTrack, SuspectGate, view_change
+from uq_autonomy.arbitration.suspect import (
+    RIVAL_MAX_IOU,
+    DrivingTrack,
+    SuspectGate,
+    box_iou,
+    find_rival,
+    view_change,
+)
 
 SETTINGS = settings(max_examples=80, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -322,3 +335,105 @@ def test_the_least_recently_judged_tracks_are_forgotten_beyond_the_bound():
     gate.judge(evidence(0.1, 0.1, track=MAX_TRACKS), GATE)
     assert gate.judge(evidence(0.1, 0.1, track=0), GATE).suspect
     assert not gate.judge(evidence(0.1, 0.1, track=1), GATE).suspect
+
+
+# ----------------------------------------------------------------------------- rivals
+
+
+def _rival_arbiter(**changes) -> Arbiter:
+    return arbiter(driving_detection=DrivingDetection.TRACK_ID, target_track_id=7, **changes)
+
+
+@given(driving=st.floats(0.0, 0.74), rival=st.floats(0.0, 0.74),
+       views=st.integers(GATE.min_views, 50), scores=st.lists(st.floats(0.0, 1.0),
+                                                            min_size=1, max_size=20))
+@SETTINGS
+def test_while_another_object_passes_for_the_target_the_level_stays_at_most_guided(
+        driving, rival, views, scores):
+    """Two familiar detections of the target class, apart: whatever either scores per
+    frame, the driving one never climbs above guided while the other is in view."""
+    arb = _rival_arbiter()
+    t = 0.0
+    for score in scores:
+        t += 0.1
+        step = arb.observe(t, [detection(score, driving),
+                               detection(score, rival, views, x=200.0, track=8)], 1)
+        assert step.state.level <= Level.GUIDED, step.state.reason
+    if arb.step(t).state.suspect_hold:
+        assert 'ambiguous target' in arb.step(t).state.reason
+        assert arb.step(t).state.suspect_track_id == 7
+
+
+def test_the_rival_hold_lifts_when_the_rival_leaves_or_on_a_target_label():
+    arb = _rival_arbiter()
+    pair = [detection(0.5, 0.3), detection(0.5, 0.3, x=200.0, track=8)]
+    t = 0.0
+    for _ in range(6):
+        t += 0.1
+        arb.observe(t, pair, 1)
+    state = arb.step(t).state
+    assert state.level is Level.GUIDED and state.suspect_hold and state.suspect_track_id == 7
+    t, level = _climb(arb, t, [detection(0.5, 0.3)] * 4)  # the rival is out of view
+    assert level is Level.ASSISTANCE
+    arb = _rival_arbiter()
+    for labelled in (False,) * 5 + (True,) * 4:
+        t += 0.1
+        arb.observe(t, [detection(0.5, 0.3, labelled=labelled), pair[1]], 1)
+    assert arb.level is Level.ASSISTANCE  # a person said the driving track is the target
+
+
+@pytest.mark.parametrize('rival, why', [
+    (evidence(0.5, 0.3, x=200.0, track=8, class_id='mug'), 'another class'),
+    (evidence(0.5, 0.75, x=200.0, track=8), 'suspect itself: at the threshold'),
+    (evidence(0.5, 0.3, views=GATE.min_views - 1, x=200.0, track=8), 'too few views'),
+    (evidence(0.5, 0.3, x=104.0, track=8), 'the same object seen twice'),
+    (evidence(0.5, math.nan, x=200.0, track=8), 'no evidence'),
+    (evidence(0.5, -1.0, x=200.0, track=8), 'no evidence (the no-value marker)'),
+    (evidence(0.5, 0.3), 'the driving track itself'),
+])
+def test_what_is_no_rival(rival, why):
+    assert find_rival(evidence(0.5, 0.3), [rival], GATE, 'ellipsoid') is None, why
+
+
+def test_a_rival_counts_only_with_the_rule_on_a_named_target_the_driving_track_reads_as():
+    driving, rival = evidence(0.5, 0.3), evidence(0.5, 0.3, x=200.0, track=8)
+    assert find_rival(driving, [rival], GATE, 'ellipsoid') == rival
+    assert find_rival(driving, [rival], GATE, '') is None
+    off = SuspectConfig(threshold=0.75, min_views=3, hold_on_rival=False)
+    assert find_rival(driving, [rival], off, 'ellipsoid') is None
+    disabled = SuspectConfig(enabled=False, threshold=0.75, min_views=3)
+    assert find_rival(driving, [rival], disabled, 'ellipsoid') is None
+    assert find_rival(evidence(0.5, 0.3, class_id='mug'), [rival], GATE, 'ellipsoid') is None
+    # A person's label that the rival is the target makes it no less a rival.
+    labelled = evidence(0.5, 0.3, x=200.0, track=8, labelled=True)
+    assert find_rival(driving, [labelled], GATE, 'ellipsoid') == labelled
+
+
+def test_box_overlap_boundary_and_degenerate_boxes():
+    a = evidence(0.5, 0.3)
+    assert box_iou(a, a) == pytest.approx(1.0)
+    assert box_iou(a, evidence(0.5, 0.3, x=120.0)) == 0.0  # touching edges
+    # Shifted by a quarter: 15 x 20 shared of 25 x 20 covered.
+    assert box_iou(a, evidence(0.5, 0.3, x=105.0)) == pytest.approx(0.6)
+    empty = DrivingTrack(8, 'ellipsoid', 100.0, 100.0, 0.0, 0.0, 0.5, 0.3, 5)
+    assert box_iou(a, empty) == 0.0 and box_iou(empty, empty) == 0.0
+    huge = DrivingTrack(8, 'ellipsoid', 100.0, 100.0, 1e308, 1e308, 0.5, 0.3, 5)
+    assert box_iou(huge, huge) == 0.0  # an overflowing area is no overlap, not NaN
+
+
+def test_boxes_overlapping_up_to_the_bound_are_two_objects():
+    driving = evidence(0.5, 0.3)
+    # Shifted by s: IoU = (20 - s) / (20 + s), so s = 20 (1 - b) / (1 + b) gives IoU b.
+    at_bound = 20.0 * (1.0 - RIVAL_MAX_IOU) / (1.0 + RIVAL_MAX_IOU)
+    rival = evidence(0.5, 0.3, x=100.0 + at_bound + 1e-6, track=8)
+    assert find_rival(driving, [rival], GATE, 'ellipsoid') == rival
+    closer = evidence(0.5, 0.3, x=100.0 + at_bound - 0.5, track=8)
+    assert find_rival(driving, [closer], GATE, 'ellipsoid') is None
+
+
+def test_the_rival_rule_is_a_validated_parameter():
+    values = default_values()
+    assert values['suspect.hold_on_rival'] is True
+    values['suspect.hold_on_rival'] = 'yes'
+    with pytest.raises(ValueError, match='suspect.hold_on_rival'):
+        config_from_values(values)

@@ -37,7 +37,9 @@ Suspect targets: while the driving detection's track is suspect (its evidence ov
 views says unfamiliar, :mod:`uq_autonomy.arbitration.suspect`), the level is at most
 guided: a higher level steps down to guided at once, and no climb goes past it, whatever
 the frame's own score, until the track is confirmed familiar or labelled as the target.
-``suspect_hold`` reports the cap when it holds back a level the signal alone would give.
+The same cap holds while another object in view also passes for ``target_class`` (a
+rival, :func:`~uq_autonomy.arbitration.suspect.find_rival`). ``suspect_hold`` reports the
+cap when it holds back a level the signal alone would give.
 A manual override outranks the cap (the operator chose the level). A perception outage
 forgets the suspect tracks.
 
@@ -75,7 +77,12 @@ from uq_autonomy.arbitration.frame_validity import (
     UncertaintyValues,
     assess_frame,
 )
-from uq_autonomy.arbitration.suspect import NOT_SUSPECT, DrivingTrack, SuspectGate
+from uq_autonomy.arbitration.suspect import (
+    NOT_SUSPECT,
+    DrivingTrack,
+    SuspectGate,
+    find_rival,
+)
 
 
 def limit_command(command: NDArray[np.float64], previous: NDArray[np.float64], dt: float,
@@ -220,6 +227,12 @@ class _Frame:
     num_classes: int
     uncertainty: UncertaintyValues | None
     model: ModelRange | None
+
+
+def _driving_track(d: DetectionSummary) -> DrivingTrack:
+    """What the suspect gate reads of a detection."""
+    return DrivingTrack(d.track_id, d.class_id, d.center_x, d.center_y, d.width, d.height,
+                        d.calibrated_score, d.track_score, d.track_views, d.track_labelled)
 
 
 def _as_twist(command: ArrayLike) -> NDArray[np.float64] | None:
@@ -381,15 +394,16 @@ class Arbiter:
         if judged.usable:
             self._last_usable = now
             if 0 <= judged.index < len(detections):
-                self._judge_track(detections[judged.index])
+                self._judge_track(detections, judged.index)
         return self.step(now)
 
-    def _judge_track(self, d: DetectionSummary) -> None:
-        self._track_score = d.track_score
-        self._suspect = self._gate.judge(
-            DrivingTrack(d.track_id, d.class_id, d.center_x, d.center_y, d.width, d.height,
-                          d.calibrated_score, d.track_score, d.track_views, d.track_labelled),
-            self._config.suspect, self._config.target_class)
+    def _judge_track(self, detections: Sequence[DetectionSummary], index: int) -> None:
+        driving = _driving_track(detections[index])
+        self._track_score = driving.track_score
+        config, target_class = self._config.suspect, self._config.target_class
+        rival = find_rival(driving, (_driving_track(d) for i, d in enumerate(detections)
+                                     if i != index), config, target_class)
+        self._suspect = self._gate.judge(driving, config, target_class, rival)
 
     def observe_invalid(self, now: float, reason: str) -> Step:
         """Take a frame found invalid before it was converted (too large, badly stamped,

@@ -152,10 +152,13 @@ class SuspectConfig:
     min_views: int = 3
     confirm_frames: int = 5
     confirm_view_change: float = 0.1
+    hold_on_rival: bool = True
 
     def __post_init__(self) -> None:
         _require(isinstance(self.enabled, bool), f'suspect.enabled must be a bool, got '
                                                  f'{self.enabled!r}')
+        _require(isinstance(self.hold_on_rival, bool), 'suspect.hold_on_rival must be a bool, '
+                                                       f'got {self.hold_on_rival!r}')
         _require(math.isfinite(self.threshold) and 0.0 < self.threshold < 1.0,
                  f'suspect.threshold must lie in (0, 1) (a track score is a fraction), got '
                  f'{self.threshold}')

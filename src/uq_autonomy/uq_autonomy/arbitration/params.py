@@ -145,6 +145,11 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
                   'Least change between two confirming views: box displacement over its '
                   'diagonal, or |log| of the area ratio, whichever is larger.',
                   min_value=0.0, max_value=100.0),
+    ParameterSpec('suspect.hold_on_rival', _DEFAULT.suspect.hold_on_rival,
+                  'With target_class set: hold the level at guided while another object also '
+                  'passes for the target (a detection of target_class elsewhere in the frame, '
+                  'over suspect.min_views views, not suspect itself), until a person labels '
+                  'the driving track as the target.'),
     ParameterSpec('decision_period_s', 0.05,
                   'Period of the decision timer: fail-safe checks, override expiry and cmd_vel '
                   'publication.', min_value=0.001, max_value=1.0, read_only=True),
@@ -236,7 +241,8 @@ def config_from_values(values: Mapping[str, Any]) -> ArbiterConfig:
             enabled=values['suspect.enabled'], threshold=values['suspect.threshold'],
             min_views=values['suspect.min_views'],
             confirm_frames=values['suspect.confirm_frames'],
-            confirm_view_change=values['suspect.confirm_view_change']),
+            confirm_view_change=values['suspect.confirm_view_change'],
+            hold_on_rival=values['suspect.hold_on_rival']),
     )
 
 

@@ -21,16 +21,27 @@ detection:
   says the object is not the target: the track stays capped for good, however familiar the
   detector now finds it (it has just learnt it), while the autonomy retargets.
 
-While the driving track is suspect the level is at most guided (the operator drives; the
-autonomy's proposal is shown). The threshold is fixed on known objects: a high quantile of
-the track scores of known tracks (``uq eval tracks``), not the maximum over views, which
-known objects also reach from some view.
+**Rivals.** With ``target_class`` set (the task names one object) and ``hold_on_rival``,
+the driving track is also held while another object passes for the target: a detection
+of ``target_class`` elsewhere in the frame (overlapping the driving box by at most
+:data:`RIVAL_MAX_IOU`), over ``min_views`` views, whose track score is below ``threshold``
+(not suspect itself). Two objects the detector reads, familiarly, as the one target say
+that one of them is not what it seems, and the evidence does not say which: a confident
+look-alike scores like the target. The hold lasts while the rival is in view, or until a
+person labels the driving track as the target (or as another class, which caps it for
+good as above).
+
+While the driving track is suspect or has a rival the level is at most guided (the
+operator drives; the autonomy's proposal is shown). The threshold is fixed on known
+objects: a high quantile of the track scores of known tracks (``uq eval tracks``), not the
+maximum over views, which known objects also reach from some view.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from uq_autonomy.arbitration.config import NO_TRACK_SCORE, SuspectConfig
@@ -38,6 +49,9 @@ from uq_autonomy.arbitration.config import NO_TRACK_SCORE, SuspectConfig
 # Tracks remembered at once: a frame holds at most a few hundred detections and only the
 # driving one is judged, so this bounds the memory of a long run, not a frame's work.
 MAX_TRACKS = 1024
+# A detection of the target class overlapping the driving box more than this is the same
+# object seen twice (a split box), not a second object passing for the target.
+RIVAL_MAX_IOU = 0.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +94,36 @@ def view_change(a: tuple[float, float, float, float], b: tuple[float, float, flo
     return max(moved, resized)
 
 
+def box_iou(a: DrivingTrack, b: DrivingTrack) -> float:
+    """Intersection over union of two detections' boxes (0 for empty or invalid boxes)."""
+    left = max(a.center_x - a.width / 2, b.center_x - b.width / 2)
+    right = min(a.center_x + a.width / 2, b.center_x + b.width / 2)
+    top = max(a.center_y - a.height / 2, b.center_y - b.height / 2)
+    bottom = min(a.center_y + a.height / 2, b.center_y + b.height / 2)
+    inter = max(0.0, right - left) * max(0.0, bottom - top)
+    union = a.width * a.height + b.width * b.height - inter
+    iou = inter / union if union > 0.0 else 0.0
+    return iou if math.isfinite(iou) else 0.0
+
+
+def find_rival(driving: DrivingTrack, others: Iterable[DrivingTrack], config: SuspectConfig,
+               target_class: str) -> DrivingTrack | None:
+    """The first of ``others`` that passes for the target as well as ``driving`` does
+    (module docstring, "Rivals"), or None; always None unless the rule is on, the task
+    names ``target_class`` and the driving detection reads as it."""
+    if not (config.enabled and config.hold_on_rival and target_class
+            and driving.class_id == target_class):
+        return None
+    for other in others:
+        if (other.track_id != driving.track_id and other.class_id == target_class
+                and other.track_views >= config.min_views
+                and math.isfinite(other.track_score)
+                and 0.0 <= other.track_score < config.threshold
+                and box_iou(driving, other) <= RIVAL_MAX_IOU):
+            return other
+    return None
+
+
 @dataclass(slots=True)
 class _Track:
     suspect: bool = False
@@ -99,9 +143,10 @@ class SuspectGate:
         """Forget every track (perception reset: track ids may be reused)."""
         self._tracks.clear()
 
-    def judge(self, det: DrivingTrack, config: SuspectConfig, target_class: str = ''
-              ) -> SuspectVerdict:
-        """Update the driving track's state with this frame's detection and judge it."""
+    def judge(self, det: DrivingTrack, config: SuspectConfig, target_class: str = '',
+              rival: DrivingTrack | None = None) -> SuspectVerdict:
+        """Update the driving track's state with this frame's detection and judge it;
+        ``rival`` is this frame's rival of it (:func:`find_rival`), if any."""
         if not config.enabled or det.track_id < 0:
             return NOT_SUSPECT
         track = self._tracks.get(det.track_id)
@@ -119,6 +164,11 @@ class SuspectGate:
             return SuspectVerdict(True, det.track_id, (
                 f'not the target: track {det.track_id} was labelled {track.not_target!r}, '
                 f'not {target_class!r}; held at guided'))
+        if rival is not None:
+            return SuspectVerdict(True, det.track_id, (
+                f'ambiguous target: track {det.track_id} and track {rival.track_id} (track '
+                f'score {rival.track_score:.3f}) both pass for {target_class!r}; held at '
+                f'guided while both are in view or until a label'))
         score = det.track_score
         has_evidence = math.isfinite(score) and score >= 0.0
         if not track.suspect:
