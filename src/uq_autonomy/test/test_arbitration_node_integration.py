@@ -632,3 +632,32 @@ def test_the_autonomy_target_drives_the_level(harness):
     finally:
         stop.set()
         thread.join(timeout=5.0)
+
+
+def test_a_second_object_passing_for_the_target_holds_the_level_at_guided(harness):
+    """Two familiar detections of the target class (track 3 driving, track 8 apart): the
+    node holds guided and reports the hold on the driving track; with the second object
+    out of view the level climbs."""
+    h = harness(min_dwell_s=0.05, uncertainty_signal='calibrated_score',
+                driving_detection='track_id', target_track_id=3, target_class='cup')
+    msg = scored(0.4)
+    driving = msg.detections[0]
+    driving.uncertainty.track_score, driving.uncertainty.track_views = 0.4, 5
+    rival = Detection()
+    rival.class_id, rival.class_index, rival.score, rival.track_id = 'cup', 0, 0.9, 8
+    rival.class_probabilities = [0.7, 0.3]
+    rival.center_x, rival.center_y, rival.width, rival.height = 100.0, 100.0, 40.0, 30.0
+    rival.uncertainty.calibrated_score = 0.4
+    rival.uncertainty.track_score, rival.uncertainty.track_views = 0.4, 5
+    msg.detections = [driving, rival]
+    h.frame = msg
+    _, state = h.wait_state(lambda s: s.suspect_hold, 'the hold on the driving track')
+    assert state.level == GUIDED and state.suspect_track_id == 3
+    assert 'ambiguous target: track 3 and track 8' in state.reason
+    time.sleep(0.5)  # ten more frames: still held
+    assert h.states[-1][1].level == GUIDED
+    mark = h.mark()
+    h.frame = scored(0.4)  # the second object is out of view
+    h.frame.detections[0].uncertainty.track_score = 0.4
+    h.frame.detections[0].uncertainty.track_views = 5
+    h.wait_state(lambda s: s.level == ASSIST, 'climb without a rival', since=mark)
