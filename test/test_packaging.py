@@ -96,8 +96,8 @@ def _subcommand_paths() -> list[list[str]]:
 
 # Every `uq ... --help` in one separate process, as `python -m uq_common.cli` runs each (the
 # same main(), the parser built afresh for each): a process per command paid the interpreter
-# and the commands' imports (torch among them) each time, about 2 s for each of some forty
-# commands. Prints {command: {code, stdout, stderr}} as JSON.
+# and the parser's imports each time, for each of some forty commands. Prints {command:
+# {code, stdout, stderr}} as JSON.
 _HELP_OF_EACH = """
 import contextlib, io, json, sys, traceback
 from uq_common.cli import main
@@ -116,6 +116,17 @@ for command in json.loads(sys.argv[1]):
                                   'stderr': err.getvalue()}
 print(json.dumps(answers))
 """
+
+
+def test_building_the_uq_parser_imports_no_torch():
+    """Every `uq` process builds the whole parser; torch's import alone takes longer than
+    the rest of it, and a command that needs torch imports it when it runs."""
+    code = ('import sys; from uq_common.cli import build_parser; build_parser(); '
+            'print(sorted(m for m in sys.modules if m.split(".")[0] == "torch")[:3])')
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == '[]', result.stdout
 
 
 @pytest.fixture(scope='module')

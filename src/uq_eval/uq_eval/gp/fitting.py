@@ -26,7 +26,7 @@ validation images:
    node's operating point.
 
 Objects counted are those annotated as single objects (not ``iscrowd``), not flagged
-occluded, and at least :data:`uq_perception.training.detector_data.MIN_CLASS_SIDE` pixels on their
+occluded, and at least :data:`uq_perception.training.coco_data.MIN_CLASS_SIDE` pixels on their
 shorter side: what the shipped fit also classifies.
 """
 
@@ -41,7 +41,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from uq_perception.detectors.contract import Candidates, DetectorContract, check_linear_head
-from uq_perception.training.coco_data import CategoryRole, CocoImage, read_image
+from uq_perception.training.coco_data import (
+    MIN_CLASS_SIDE,
+    CategoryRole,
+    CocoImage,
+    read_image,
+)
 from uq_perception.training.detection_scoring import (
     AP_MAX_DETECTIONS,
     AP_SCORE_THRESHOLD,
@@ -49,7 +54,6 @@ from uq_perception.training.detection_scoring import (
     OPERATING_MAX_DETECTIONS,
     OPERATING_THRESHOLD,
 )
-from uq_perception.training.detector_data import MIN_CLASS_SIDE
 
 if TYPE_CHECKING:
     from uq_perception.ntk import LastLayerNTKGP

@@ -45,6 +45,9 @@ MAX_IMAGE_SIDE = 16384
 #: How far (pixels) a box may reach past the image border before it is an error: tools
 #: round box corners, and the sliver outside is clipped off.
 BORDER_TOLERANCE = 1.0
+#: Objects smaller than this (pixels, shorter side) carry too little appearance to teach a
+#: class.
+MIN_CLASS_SIDE = 4.0
 _SHOWN = 60
 
 

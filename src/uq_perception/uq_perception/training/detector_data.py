@@ -24,6 +24,7 @@ import torch
 
 from uq_perception.detectors.centernet import STRIDE
 from uq_perception.training.coco_data import (
+    MIN_CLASS_SIDE,
     CategoryRole,
     CocoDataset,
     category_roles,
@@ -38,8 +39,6 @@ OUTLIER_LABEL = -2
 # Objects smaller than this (pixels, shorter side) are too small to be judged reliably;
 # evaluation ignores them like occluded and truncated ones.
 MIN_EVAL_SIDE = 8.0
-# Objects smaller than this carry too little appearance to teach a class.
-MIN_CLASS_SIDE = 4.0
 # Gaussian splat of a centre: sigma = GAUSSIAN_ALPHA / 6 of the box side (TTFNet-style
 # elliptical kernel), at least MIN_SIGMA cells so small objects still get a blob.
 GAUSSIAN_ALPHA = 0.54
