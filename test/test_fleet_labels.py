@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,6 @@ def cameras(env: dict[str, str]) -> Iterator[dict[str, Any]]:
     """This process: the same rendered scene as both robots' camera at 5 Hz; listens to robot
     A's help requests and both robots' detections."""
     import rclpy
-    from rclpy.executors import SingleThreadedExecutor
     from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
     from sensor_msgs.msg import Image
 
@@ -81,17 +79,8 @@ def cameras(env: dict[str, str]) -> Iterator[dict[str, Any]]:
             publisher.publish(msg)
 
     node.create_timer(0.2, publish)
-    executor = SingleThreadedExecutor(context=context)
-    executor.add_node(node)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
-    spinner.start()
-    try:
+    with help_loop.spun(context, node):
         yield state
-    finally:
-        executor.shutdown()
-        node.destroy_node()
-        context.try_shutdown()
-        spinner.join(timeout=5)
 
 
 def _robot(env: dict[str, str], robot: str, store_url: str, tmp_path: Path,

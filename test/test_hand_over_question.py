@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_help_loop import REPO, Process, _iou, _wait
+from test_help_loop import REPO, Process, _iou, _wait, spun
 
 SCENE_SEED = 3
 OBJECTS = ('ellipsoid', 'box', 'sphere', 'mug')
@@ -41,7 +41,6 @@ def robot(env: dict[str, str]) -> Iterator[dict[str, Any]]:
     """This process: the camera (5 Hz), the autonomy's target announcement (10 Hz, once a
     target is set), and the listener of detections, requests and autonomy states."""
     import rclpy
-    from rclpy.executors import SingleThreadedExecutor
     from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
     from sensor_msgs.msg import Image
     from std_msgs.msg import Int32
@@ -87,18 +86,9 @@ def robot(env: dict[str, str]) -> Iterator[dict[str, Any]]:
 
     node.create_timer(0.2, publish_image)
     node.create_timer(0.1, announce_target)
-    executor = SingleThreadedExecutor(context=context)
-    executor.add_node(node)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
-    spinner.start()
     state['node'] = node
-    try:
+    with spun(context, node):
         yield state
-    finally:
-        executor.shutdown()
-        node.destroy_node()
-        context.try_shutdown()
-        spinner.join(timeout=5)
 
 
 def _latest(robot: dict[str, Any], key: str) -> list[tuple[float, Any]]:

@@ -10,6 +10,7 @@ answers: every acknowledged label is in the store exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -87,7 +88,6 @@ def env() -> dict[str, str]:
 def camera(env: dict[str, str]) -> Iterator[Any]:
     """This process: publishes the rendered scene at 5 Hz and listens to the loop."""
     import rclpy
-    from rclpy.executors import SingleThreadedExecutor
     from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
     from sensor_msgs.msg import Image
 
@@ -118,13 +118,23 @@ def camera(env: dict[str, str]) -> Iterator[Any]:
         publisher.publish(msg)
 
     node.create_timer(0.2, publish)
+    state['node'] = node
+    with spun(context, node):
+        yield state
+
+
+@contextlib.contextmanager
+def spun(context: Any, node: Any) -> Iterator[None]:
+    """Spin ``node`` on a thread of its own for the block, then shut it and ``context``
+    down."""
+    from rclpy.executors import SingleThreadedExecutor
+
     executor = SingleThreadedExecutor(context=context)
     executor.add_node(node)
     spinner = threading.Thread(target=executor.spin, daemon=True)
     spinner.start()
-    state['node'] = node
     try:
-        yield state
+        yield
     finally:
         executor.shutdown()
         node.destroy_node()

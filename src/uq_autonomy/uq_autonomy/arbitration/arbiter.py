@@ -38,8 +38,8 @@ views says unfamiliar, :mod:`uq_autonomy.arbitration.suspect`), the level is at 
 guided: a higher level steps down to guided at once, and no climb goes past it, whatever
 the frame's own score, until the track is confirmed familiar or labelled as the target.
 The same cap holds while another object in view also passes for ``target_class`` (a
-rival, :func:`~uq_autonomy.arbitration.suspect.find_rival`). ``suspect_hold`` reports the
-cap when it holds back a level the signal alone would give.
+rival, :meth:`~uq_autonomy.arbitration.suspect.SuspectGate.find_rival`).
+``suspect_hold`` reports the cap when it holds back a level the signal alone would give.
 A manual override outranks the cap (the operator chose the level). A perception outage
 forgets the suspect tracks.
 
@@ -77,12 +77,7 @@ from uq_autonomy.arbitration.frame_validity import (
     UncertaintyValues,
     assess_frame,
 )
-from uq_autonomy.arbitration.suspect import (
-    NOT_SUSPECT,
-    DrivingTrack,
-    SuspectGate,
-    find_rival,
-)
+from uq_autonomy.arbitration.suspect import NOT_SUSPECT, DrivingTrack, SuspectGate
 
 
 def limit_command(command: NDArray[np.float64], previous: NDArray[np.float64], dt: float,
@@ -401,8 +396,12 @@ class Arbiter:
         driving = _driving_track(detections[index])
         self._track_score = driving.track_score
         config, target_class = self._config.suspect, self._config.target_class
-        rival = find_rival(driving, (_driving_track(d) for i, d in enumerate(detections)
-                                     if i != index), config, target_class)
+        if config.enabled and config.hold_on_rival and target_class:
+            tracks = [_driving_track(d) for d in detections]
+            self._gate.count_readings(tracks, target_class)
+            rival = self._gate.find_rival(driving, tracks, config, target_class)
+        else:
+            rival = None
         self._suspect = self._gate.judge(driving, config, target_class, rival)
 
     def observe_invalid(self, now: float, reason: str) -> Step:

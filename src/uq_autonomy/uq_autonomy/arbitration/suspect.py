@@ -24,7 +24,9 @@ detection:
 **Rivals.** With ``target_class`` set (the task names one object) and ``hold_on_rival``,
 the driving track is also held while another object passes for the target: a detection
 of ``target_class`` elsewhere in the frame (overlapping the driving box by at most
-:data:`RIVAL_MAX_IOU`), over ``min_views`` views, whose track score is below ``threshold``
+:data:`RIVAL_MAX_IOU`) whose track has read as ``target_class`` in at least ``min_views``
+frames and in most of the frames it was seen (an object misread for a moment, e.g. while
+the gripper hides part of it, is no rival), and whose track score is below ``threshold``
 (not suspect itself). Two objects the detector reads, familiarly, as the one target say
 that one of them is not what it seems, and the evidence does not say which: a confident
 look-alike scores like the target. The hold lasts while the rival is in view, or until a
@@ -106,24 +108,6 @@ def box_iou(a: DrivingTrack, b: DrivingTrack) -> float:
     return iou if math.isfinite(iou) else 0.0
 
 
-def find_rival(driving: DrivingTrack, others: Iterable[DrivingTrack], config: SuspectConfig,
-               target_class: str) -> DrivingTrack | None:
-    """The first of ``others`` that passes for the target as well as ``driving`` does
-    (module docstring, "Rivals"), or None; always None unless the rule is on, the task
-    names ``target_class`` and the driving detection reads as it."""
-    if not (config.enabled and config.hold_on_rival and target_class
-            and driving.class_id == target_class):
-        return None
-    for other in others:
-        if (other.track_id != driving.track_id and other.class_id == target_class
-                and other.track_views >= config.min_views
-                and math.isfinite(other.track_score)
-                and 0.0 <= other.track_score < config.threshold
-                and box_iou(driving, other) <= RIVAL_MAX_IOU):
-            return other
-    return None
-
-
 @dataclass(slots=True)
 class _Track:
     suspect: bool = False
@@ -138,15 +122,56 @@ class SuspectGate:
 
     def __init__(self) -> None:
         self._tracks: OrderedDict[int, _Track] = OrderedDict()  # least recently judged first
+        # Per track: frames seen and frames read as the target class (least recent first).
+        self._readings: OrderedDict[int, list[int]] = OrderedDict()
 
     def reset(self) -> None:
         """Forget every track (perception reset: track ids may be reused)."""
         self._tracks.clear()
+        self._readings.clear()
+
+    def count_readings(self, detections: Iterable[DrivingTrack], target_class: str) -> None:
+        """Count, per track, a frame's detections read as ``target_class`` or not (for
+        :meth:`find_rival`; call once per frame with all its detections)."""
+        if not target_class:
+            return
+        for det in detections:
+            if det.track_id < 0:
+                continue
+            counts = self._readings.get(det.track_id)
+            if counts is None:
+                counts = self._readings[det.track_id] = [0, 0]
+                while len(self._readings) > MAX_TRACKS:
+                    self._readings.popitem(last=False)
+            self._readings.move_to_end(det.track_id)
+            counts[0] += 1
+            counts[1] += det.class_id == target_class
+
+    def find_rival(self, driving: DrivingTrack, others: Iterable[DrivingTrack],
+                   config: SuspectConfig, target_class: str) -> DrivingTrack | None:
+        """The first of ``others`` that passes for the target as well as ``driving`` does
+        (module docstring, "Rivals"), or None; always None unless the rule is on, the task
+        names ``target_class`` and the driving detection reads as it."""
+        if not (config.enabled and config.hold_on_rival and target_class
+                and driving.class_id == target_class):
+            return None
+        for other in others:
+            if (other.track_id != driving.track_id and other.class_id == target_class
+                    and self._reads_as_target(other.track_id, config.min_views)
+                    and math.isfinite(other.track_score)
+                    and 0.0 <= other.track_score < config.threshold
+                    and box_iou(driving, other) <= RIVAL_MAX_IOU):
+                return other
+        return None
+
+    def _reads_as_target(self, track_id: int, min_frames: int) -> bool:
+        seen, as_target = self._readings.get(track_id, (0, 0))
+        return as_target >= min_frames and 2 * as_target > seen
 
     def judge(self, det: DrivingTrack, config: SuspectConfig, target_class: str = '',
               rival: DrivingTrack | None = None) -> SuspectVerdict:
         """Update the driving track's state with this frame's detection and judge it;
-        ``rival`` is this frame's rival of it (:func:`find_rival`), if any."""
+        ``rival`` is this frame's rival of it (:meth:`find_rival`), if any."""
         if not config.enabled or det.track_id < 0:
             return NOT_SUSPECT
         track = self._tracks.get(det.track_id)
