@@ -349,10 +349,15 @@ def _rival_arbiter(**changes) -> Arbiter:
 @SETTINGS
 def test_while_another_object_passes_for_the_target_the_level_stays_at_most_guided(
         driving, rival, views, scores):
-    """Two familiar detections of the target class, apart: whatever either scores per
-    frame, the driving one never climbs above guided while the other is in view."""
+    """Two familiar detections of the target class, apart: once the other has read as the
+    target for min_views frames, whatever either scores per frame, the driving one never
+    climbs above guided while the other is in view."""
     arb = _rival_arbiter()
     t = 0.0
+    for _ in range(GATE.min_views):  # unfamiliar frames: the level stays at teleoperation
+        t += 0.1
+        arb.observe(t, [detection(0.99, driving), detection(0.99, rival, views, x=200.0,
+                                                            track=8)], 1)
     for score in scores:
         t += 0.1
         step = arb.observe(t, [detection(score, driving),
