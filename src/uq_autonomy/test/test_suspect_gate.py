@@ -416,6 +416,9 @@ def test_a_rival_counts_only_with_the_rule_on_a_named_target_the_driving_track_r
     disabled = SuspectConfig(enabled=False, threshold=0.75, min_views=3)
     assert find_rival(driving, [rival], disabled, 'ellipsoid') is None
     assert find_rival(evidence(0.5, 0.3, class_id='mug'), [rival], GATE, 'ellipsoid') is None
+    # The most familiar track score there is: a rival.
+    zero = evidence(0.5, 0.0, x=200.0, track=8)
+    assert find_rival(driving, [zero], GATE, 'ellipsoid') == zero
     # A person's label that the rival is the target makes it no less a rival.
     labelled = evidence(0.5, 0.3, x=200.0, track=8, labelled=True)
     assert find_rival(driving, [labelled], GATE, 'ellipsoid') == labelled
@@ -430,7 +433,7 @@ def test_a_rival_reads_as_the_target_in_min_views_frames_and_in_most_of_its_fram
     sphere = evidence(0.5, 0.3, x=200.0, track=8, class_id='sphere')
     for _ in range(10):
         gate.count_readings([driving, sphere], 'ellipsoid')
-    for frame in range(10):
+    for frame in range(12):
         gate.count_readings([driving, rival], 'ellipsoid')
         found = gate.find_rival(driving, [rival], GATE, 'ellipsoid')
         assert (found == rival) is (frame + 1 > 10), frame  # a majority from the 11th on
@@ -451,12 +454,22 @@ def test_the_readings_are_bounded_and_untracked_detections_are_not_counted():
         gate.count_readings([evidence(0.5, 0.3, x=200.0, track=track)] * 3, 'ellipsoid')
     assert gate.find_rival(driving, [evidence(0.5, 0.3, x=200.0, track=0)], GATE,
                            'ellipsoid') is None  # the oldest, forgotten
-    newest = evidence(0.5, 0.3, x=200.0, track=MAX_TRACKS + 4)
-    assert gate.find_rival(driving, [newest], GATE, 'ellipsoid') == newest
+    for kept in (5, MAX_TRACKS + 4):  # the oldest and the newest of the last MAX_TRACKS
+        track = evidence(0.5, 0.3, x=200.0, track=kept)
+        assert gate.find_rival(driving, [track], GATE, 'ellipsoid') == track, kept
     untracked = evidence(0.5, 0.3, x=200.0, track=-1)
     for _ in range(5):
         gate.count_readings([untracked], 'ellipsoid')
     assert gate.find_rival(driving, [untracked], GATE, 'ellipsoid') is None
+    # An untracked detection does not stop the count of the frame's other detections.
+    gate = SuspectGate()
+    zero = evidence(0.5, 0.3, x=200.0, track=0)
+    for _ in range(GATE.min_views):
+        gate.count_readings([untracked, zero], 'ellipsoid')
+    assert gate.find_rival(driving, [zero], GATE, 'ellipsoid') == zero
+    # A track never counted is no rival, even where one frame would do.
+    one_frame = SuspectConfig(threshold=0.75, min_views=1)
+    assert SuspectGate().find_rival(driving, [zero], one_frame, 'ellipsoid') is None
 
 
 def test_box_overlap_boundary_and_degenerate_boxes():
@@ -469,6 +482,17 @@ def test_box_overlap_boundary_and_degenerate_boxes():
     assert box_iou(a, empty) == 0.0 and box_iou(empty, empty) == 0.0
     huge = DrivingTrack(8, 'ellipsoid', 100.0, 100.0, 1e308, 1e308, 0.5, 0.3, 5)
     assert box_iou(huge, huge) == 0.0  # an overflowing area is no overlap, not NaN
+    wide = DrivingTrack(8, 'ellipsoid', 100.0, 100.0, 1e308, 20.0, 0.5, 0.3, 5)
+    assert box_iou(wide, wide) == 0.0 and box_iou(a, wide) == 0.0
+    # Boxes of other sizes, apart on both axes: a (90..110, 90..110) and b (100..130,
+    # 95..135) share 10 x 15 of 400 + 1200 - 150.
+    b = DrivingTrack(8, 'ellipsoid', 115.0, 115.0, 30.0, 40.0, 0.5, 0.3, 5)
+    assert box_iou(a, b) == pytest.approx(150.0 / 1450.0)
+    assert box_iou(b, a) == pytest.approx(150.0 / 1450.0)
+    # Tiny boxes: a half-pixel box inside a one-pixel one.
+    small = DrivingTrack(8, 'ellipsoid', 0.0, 0.0, 1.0, 1.0, 0.5, 0.3, 5)
+    smaller = DrivingTrack(9, 'ellipsoid', 0.0, 0.0, 0.5, 0.5, 0.5, 0.3, 5)
+    assert box_iou(small, smaller) == pytest.approx(0.25)
 
 
 def test_boxes_overlapping_up_to_the_bound_are_two_objects():
@@ -479,6 +503,10 @@ def test_boxes_overlapping_up_to_the_bound_are_two_objects():
     assert find_rival(driving, [rival], GATE, 'ellipsoid') == rival
     closer = evidence(0.5, 0.3, x=100.0 + at_bound - 0.5, track=8)
     assert find_rival(driving, [closer], GATE, 'ellipsoid') is None
+    # Exactly at the bound: a box of 0.3 of the driving box's area inside it.
+    inside = DrivingTrack(8, 'ellipsoid', 100.0, 100.0, 20.0 * RIVAL_MAX_IOU, 20.0, 0.5, 0.3, 5)
+    assert box_iou(driving, inside) == RIVAL_MAX_IOU
+    assert find_rival(driving, [inside], GATE, 'ellipsoid') == inside
 
 
 def test_the_rival_rule_is_a_validated_parameter():

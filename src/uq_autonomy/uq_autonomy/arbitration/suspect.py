@@ -104,8 +104,9 @@ def box_iou(a: DrivingTrack, b: DrivingTrack) -> float:
     bottom = min(a.center_y + a.height / 2, b.center_y + b.height / 2)
     inter = max(0.0, right - left) * max(0.0, bottom - top)
     union = a.width * a.height + b.width * b.height - inter
-    iou = inter / union if union > 0.0 else 0.0
-    return iou if math.isfinite(iou) else 0.0
+    # An area that overflows (or is NaN: the frame check refuses such boxes first) overlaps
+    # nothing; every finite union holds the intersection, so the ratio is in [0, 1].
+    return inter / union if 0.0 < union < math.inf else 0.0
 
 
 @dataclass(slots=True)
