@@ -147,9 +147,10 @@ PARAMETERS: tuple[ParameterSpec, ...] = (
                   min_value=0.0, max_value=100.0),
     ParameterSpec('suspect.hold_on_rival', _DEFAULT.suspect.hold_on_rival,
                   'With target_class set: hold the level at guided while another object also '
-                  'passes for the target (a detection of target_class elsewhere in the frame, '
-                  'over suspect.min_views views, not suspect itself), until a person labels '
-                  'the driving track as the target.'),
+                  'passes for the target (a detection of target_class elsewhere in the frame '
+                  'whose track read as target_class in at least suspect.min_views frames and '
+                  'in most of its frames, not suspect itself), until a person labels the '
+                  'driving track as the target.'),
     ParameterSpec('decision_period_s', 0.05,
                   'Period of the decision timer: fail-safe checks, override expiry and cmd_vel '
                   'publication.', min_value=0.001, max_value=1.0, read_only=True),
