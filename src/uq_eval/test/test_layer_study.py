@@ -7,9 +7,7 @@ study, of judging classes that are also selection classes."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -140,18 +138,10 @@ def test_the_study_refuses_an_overlapping_selection_in_one_line(tmp_path, capsys
     assert stderr.count('\n') == 1 and "['torus'] are both selection and judging" in stderr
 
 
-def _quadrants():
-    spec = importlib.util.spec_from_file_location(
-        'quadrant_detector', Path(__file__).with_name('quadrant_detector.py'))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_uq_gp_fit_judges_on_the_judging_categories_alone(tmp_path, capsys):
+def test_uq_gp_fit_judges_on_the_judging_categories_alone(tmp_path, capsys,
+                                                          quadrant_detector):
     pytest.importorskip('onnxruntime', reason='onnxruntime is part of the CPU install')
-    quadrants = _quadrants()
+    quadrants = quadrant_detector
     model = quadrants.export_onnx(tmp_path / 'quadrants.onnx')
     annotations = quadrants.write_quadrant_coco(tmp_path / 'export', 30)
     out = tmp_path / 'gp.npz'

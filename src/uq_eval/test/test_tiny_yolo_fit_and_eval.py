@@ -353,12 +353,9 @@ def test_fit_takes_anchors_before_nms_and_chooses_on_validation(tmp_path, capsys
                                              record['missed_objects'])]
 
 
-def test_extra_points_the_detector_cannot_give_are_refused(tmp_path, capsys):
-    quadrants_path = Path(__file__).with_name('quadrant_detector.py')
-    spec = importlib.util.spec_from_file_location('quadrant_detector', quadrants_path)
-    assert spec is not None and spec.loader is not None
-    quadrants = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(quadrants)
+def test_extra_points_the_detector_cannot_give_are_refused(tmp_path, capsys,
+                                                           quadrant_detector):
+    quadrants = quadrant_detector
     model = quadrants.export_onnx(tmp_path / 'quadrants.onnx')
     annotations = quadrants.write_quadrant_coco(tmp_path / 'export', 12)
     code = uq(['gp', 'fit', '--no-progress', '--model', str(model), '--annotations',

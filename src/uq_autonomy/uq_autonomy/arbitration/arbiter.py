@@ -397,9 +397,9 @@ class Arbiter:
         self._track_score = driving.track_score
         config, target_class = self._config.suspect, self._config.target_class
         if config.enabled and config.hold_on_rival and target_class:
-            tracks = [_driving_track(d) for d in detections]
-            self._gate.count_readings(tracks, target_class)
-            rival = self._gate.find_rival(driving, tracks, config, target_class)
+            self._gate.count_readings(detections, target_class)
+            candidates = (_driving_track(d) for d in detections if d.class_id == target_class)
+            rival = self._gate.find_rival(driving, candidates, config, target_class)
         else:
             rival = None
         self._suspect = self._gate.judge(driving, config, target_class, rival)

@@ -45,6 +45,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from uq_autonomy.arbitration.config import NO_TRACK_SCORE, SuspectConfig
 
@@ -70,6 +71,16 @@ class DrivingTrack:
     track_score: float = NO_TRACK_SCORE
     track_views: int = 0
     track_labelled: bool = False
+
+
+class ClassReading(Protocol):
+    """What the rival rule counts of every detection of a frame."""
+
+    @property
+    def track_id(self) -> int: ...
+
+    @property
+    def class_id(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +142,7 @@ class SuspectGate:
         self._tracks.clear()
         self._readings.clear()
 
-    def count_readings(self, detections: Iterable[DrivingTrack], target_class: str) -> None:
+    def count_readings(self, detections: Iterable[ClassReading], target_class: str) -> None:
         """Count, per track, a frame's detections read as ``target_class`` or not (for
         :meth:`find_rival`; call once per frame with all its detections)."""
         if not target_class:
